@@ -1,0 +1,1 @@
+//! The onceflow reference broker: a single-node Kafka-wire-protocol server with a durable log.

@@ -1,0 +1,1 @@
+//! The dataflow runtime of onceflow: graph, tasks, channels, barriers, checkpoints, state, recovery.
