@@ -61,15 +61,14 @@ pub fn decode_registry(
     max_partitions: i32,
 ) -> std::result::Result<Vec<(String, i32)>, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "registry is not UTF-8".to_string())?;
-    let body_end = text
-        .trim_end_matches('\n')
-        .rfind('\n')
-        .ok_or("registry has no checksum line")?
-        + 1;
+    let text = text
+        .strip_suffix('\n')
+        .ok_or("registry does not end with a newline")?;
+    let body_end = text.rfind('\n').ok_or("registry has no checksum line")? + 1;
     let (body, crc_line) = text.split_at(body_end);
     let stored = crc_line
-        .trim_end()
         .strip_prefix("crc32c ")
+        .filter(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
         .and_then(|h| u32::from_str_radix(h, 16).ok())
         .ok_or("registry checksum line is malformed")?;
     if crc32c::crc32c(body.as_bytes()) != stored {
