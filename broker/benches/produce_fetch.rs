@@ -114,6 +114,8 @@ fn produce(bootstrap: &str, topic: &str, count: usize, value_len: usize) -> Resu
 fn fetch(bootstrap: &str, topic: &str) -> Result<(u64, Duration)> {
     let consumer: BaseConsumer = base_config(bootstrap)
         .set("enable.auto.commit", "false")
+        // rdkafka polls through the group queue, which needs a group id even with assign().
+        .set("group.id", "onceflow-conformance-reader")
         .set("enable.partition.eof", "false")
         .create()
         .context("create consumer")?;

@@ -116,6 +116,8 @@ pub fn read_all(
 ) -> Result<Vec<ReadRecord>> {
     let consumer: BaseConsumer = client_config(bootstrap)
         .set("enable.auto.commit", "false")
+        // rdkafka polls through the group queue, which needs a group id even with assign().
+        .set("group.id", "onceflow-conformance-reader")
         .set("enable.partition.eof", "false")
         .set("fetch.wait.max.ms", "100")
         .create()

@@ -217,6 +217,7 @@ fn spawn_child(
         }
     }
     cmd.args(extra);
+    cmd.env("NO_COLOR", "1");
     if std::env::var_os("RUST_LOG").is_none() {
         cmd.env("RUST_LOG", "info");
     }
