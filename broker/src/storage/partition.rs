@@ -209,7 +209,11 @@ impl Partition {
         }
         let active_size = st.segments.last().map_or(0, Segment::size);
         if active_size > 0 && active_size + buf.len() as u64 > self.ctx.segment_bytes {
-            self.roll(st)?;
+            if let Err(e) = self.roll(st) {
+                // After a failed fsync nothing is known about what reached the disk.
+                st.failed = Some(format!("segment roll failed: {e}"));
+                return Err(e.into());
+            }
         }
         let Some(active) = st.segments.last_mut() else {
             return Err(StorageError::Corrupt {
@@ -339,7 +343,15 @@ impl Partition {
     /// producer-state snapshot if the log moved since the last one.
     pub(crate) fn flush(&self, snapshot: bool) -> Result<(), StorageError> {
         let mut guard = self.lock();
-        let st = &mut *guard;
+        let res = self.flush_locked(&mut guard, snapshot);
+        if let Err(e) = &res {
+            guard.failed = Some(format!("flush failed: {e}"));
+        }
+        res
+    }
+
+    fn flush_locked(&self, guard: &mut LogState, snapshot: bool) -> Result<(), StorageError> {
+        let st = guard;
         if st.deleted || st.failed.is_some() {
             return Ok(());
         }
