@@ -251,3 +251,86 @@ impl<In: Send> InputGate<In> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    fn barrier(id: u64) -> StreamElement<u32> {
+        StreamElement::Barrier(Barrier {
+            checkpoint_id: id,
+            timestamp_ms: 0,
+            is_final: false,
+        })
+    }
+
+    #[tokio::test]
+    async fn alignment_holds_back_the_input_that_delivered_the_barrier() {
+        let (tx0, rx0) = mpsc::channel(16);
+        let (tx1, rx1) = mpsc::channel(16);
+        let mut gate = InputGate::new(vec![
+            Box::new(DirectReceiver(rx0)) as Box<dyn InputReceiver<u32>>,
+            Box::new(DirectReceiver(rx1)),
+        ]);
+        // fast input 0: pre-barrier data, barrier 1, lots of post-barrier data
+        tx0.send(StreamElement::Records(vec![1, 2])).await.unwrap();
+        tx0.send(barrier(1)).await.unwrap();
+        for i in 0..10 {
+            tx0.send(StreamElement::Records(vec![100 + i]))
+                .await
+                .unwrap();
+        }
+        // slow input 1: nothing yet
+        let mut seen = Vec::new();
+        while let Some(ev) = gate.next().now_or_never() {
+            match ev.unwrap() {
+                GateEvent::Records(v) => seen.extend(v),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            seen,
+            vec![1, 2],
+            "post-barrier records of input 0 must wait"
+        );
+        assert!(gate.is_blocked(0));
+        tx1.send(StreamElement::Records(vec![50])).await.unwrap();
+        assert!(matches!(gate.next().await.unwrap(), GateEvent::Records(v) if v == vec![50]));
+        tx1.send(barrier(1)).await.unwrap();
+        match gate.next().await.unwrap() {
+            GateEvent::Barrier { barrier, .. } => assert_eq!(barrier.checkpoint_id, 1),
+            other => panic!("expected the aligned barrier, got {other:?}"),
+        }
+        assert!(!gate.is_blocked(0));
+        assert!(matches!(gate.next().await.unwrap(), GateEvent::Records(v) if v == vec![100]));
+    }
+
+    #[tokio::test]
+    async fn watermark_is_the_minimum_over_inputs() {
+        let (tx0, rx0) = mpsc::channel(16);
+        let (tx1, rx1) = mpsc::channel(16);
+        let mut gate = InputGate::new(vec![
+            Box::new(DirectReceiver(rx0)) as Box<dyn InputReceiver<u32>>,
+            Box::new(DirectReceiver(rx1)),
+        ]);
+        tx0.send(StreamElement::Watermark(Watermark(10)))
+            .await
+            .unwrap();
+        assert!(gate.next().now_or_never().is_none());
+        tx1.send(StreamElement::Watermark(Watermark(5)))
+            .await
+            .unwrap();
+        assert!(matches!(
+            gate.next().await.unwrap(),
+            GateEvent::Watermark(Watermark(5))
+        ));
+        tx1.send(StreamElement::EndOfStream).await.unwrap();
+        assert!(matches!(
+            gate.next().await.unwrap(),
+            GateEvent::Watermark(Watermark(10))
+        ));
+        tx0.send(StreamElement::EndOfStream).await.unwrap();
+        assert!(matches!(gate.next().await.unwrap(), GateEvent::End));
+    }
+}
