@@ -1,1 +1,14 @@
-//! Connectors of onceflow: Kafka source and transactional sink, file and in-memory sources and sinks.
+//! Connectors of onceflow: the generator and replayable in-memory sources, the collecting sink
+//! and the exactly-once file sink (Kafka connectors join them later).
+
+mod collect;
+mod file;
+mod generator;
+mod memory;
+mod split;
+
+pub use collect::{CollectPending, CollectSink, Collected};
+pub use file::{read_committed_lines, FilePending, FileSink, FileSinkMode, FileSinkWriter};
+pub use generator::Generator;
+pub use memory::MemorySource;
+pub use split::{IndexedSource, SplitPosition};

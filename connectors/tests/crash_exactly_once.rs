@@ -1,0 +1,262 @@
+//! Exactly-once under crashes: a keyed running-sum job (generator -> key_by -> reduce ->
+//! file sink) runs as a child process (this test binary re-executed with `crash_child_job`),
+//! is SIGKILLed at random moments -- some right after a checkpoint was triggered, some right
+//! after one completed (before or during the sinks' commit) -- and restarted with
+//! restore = latest. The committed output is then checked record by record. The same run with
+//! the at-least-once file sink must fail the check with duplicates.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use onceflow_connectors::{read_committed_lines, FileSink, FileSinkMode, Generator};
+use onceflow_operators::KeyBy;
+use onceflow_runtime::{CheckpointEvent, JobConfig, RestoreMode, StreamEnvironment};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+const RECORDS: u64 = 120_000;
+const KEYS: u64 = 37;
+const RATE: f64 = 15_000.0;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Event {
+    id: u64,
+    key: u64,
+    amount: i64,
+    total: i64,
+}
+
+fn amount(i: u64) -> i64 {
+    (i.wrapping_mul(31) % 97) as i64 - 40
+}
+
+fn event(i: u64) -> Event {
+    Event {
+        id: i,
+        key: i % KEYS,
+        amount: amount(i),
+        total: amount(i),
+    }
+}
+
+/// The job, run inside the child process.
+#[test]
+fn crash_child_job() {
+    let Ok(dir) = std::env::var("ONCEFLOW_CRASH_DIR") else {
+        return; // only meaningful when spawned by the crash test
+    };
+    let dir = Path::new(&dir);
+    let mode = match std::env::var("ONCEFLOW_CRASH_MODE").as_deref() {
+        Ok("at-least-once") => FileSinkMode::AtLeastOnce,
+        _ => FileSinkMode::ExactlyOnce,
+    };
+    let config = JobConfig::new("crash-sum")
+        .parallelism(2)
+        .checkpoint_interval(Duration::from_millis(100))
+        .checkpoint_dir(dir.join("checkpoints"))
+        .retained_checkpoints(2)
+        .restore(RestoreMode::Latest)
+        .checkpoint_listener(|ev| match ev {
+            CheckpointEvent::Triggered(n) => println!("EVENT triggered {n}"),
+            CheckpointEvent::Completed(n) => println!("EVENT completed {n}"),
+            CheckpointEvent::Failed(n) => println!("EVENT failed {n}"),
+        });
+    let env = StreamEnvironment::new(config);
+    env.source(
+        "events",
+        Generator::new(RECORDS, event)
+            .splits(8)
+            .rate_per_second(RATE),
+    )
+    .key_by(|e: &Event| e.key)
+    .reduce(|acc: &Event, e: Event| Event {
+        total: acc.total + e.amount,
+        ..e
+    })
+    .sink("out", FileSink::new(dir.join("out")).mode(mode));
+    let r = env.execute_blocking().expect("job failed");
+    println!(
+        "EVENT done restored_from={:?} completed={} failed={}",
+        r.restored_from, r.completed_checkpoints, r.failed_checkpoints
+    );
+}
+
+fn spawn_child(dir: &Path, mode: &str) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(std::env::current_exe().expect("test binary path"))
+        .args([
+            "crash_child_job",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("ONCEFLOW_CRASH_DIR", dir)
+        .env("ONCEFLOW_CRASH_MODE", mode)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn child job");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(ev) = line.strip_prefix("EVENT ") {
+                if tx.send(ev.to_string()).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Waits for an event starting with `prefix`, up to `timeout`; `None` if the child ended.
+fn next_event(rx: &mpsc::Receiver<String>, prefix: &str, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(ev) if ev.starts_with(prefix) => return Some(ev),
+            Ok(ev) if ev.starts_with("done") => return None,
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+fn wait_event(rx: &mpsc::Receiver<String>, prefix: &str, timeout: Duration) -> bool {
+    next_event(rx, prefix, timeout).is_some()
+}
+
+/// Runs the job with `kills` SIGKILLs, then to completion; returns the kill count.
+fn run_with_kills(dir: &Path, mode: &str, kills: usize) -> usize {
+    let mut rng = rand::rng();
+    let mut done = 0;
+    let started = Instant::now();
+    while done < kills {
+        let (mut child, rx) = spawn_child(dir, mode);
+        let strategy = done % 3;
+        let alive = match strategy {
+            // at a random moment
+            0 => {
+                std::thread::sleep(Duration::from_millis(rng.random_range(30..600)));
+                true
+            }
+            // while a checkpoint is in flight
+            1 => {
+                let skip = rng.random_range(0..3);
+                let mut ok = true;
+                for _ in 0..=skip {
+                    ok = ok && wait_event(&rx, "triggered", Duration::from_secs(10));
+                }
+                if ok {
+                    std::thread::sleep(Duration::from_micros(rng.random_range(0..3000)));
+                }
+                ok
+            }
+            // right after a checkpoint completed: before or during the sinks' commit
+            _ => {
+                let skip = rng.random_range(0..3);
+                let mut ok = true;
+                for _ in 0..=skip {
+                    ok = ok && wait_event(&rx, "completed", Duration::from_secs(10));
+                }
+                ok
+            }
+        };
+        if !alive || child.try_wait().expect("try_wait").is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the job finished before {kills} kills (only {done}); make it longer");
+        }
+        child.kill().expect("SIGKILL child");
+        let _ = child.wait();
+        done += 1;
+    }
+    eprintln!(
+        "{done} kills in {:?}; running to completion",
+        started.elapsed()
+    );
+    let (mut child, rx) = spawn_child(dir, mode);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let done_line =
+        next_event(&rx, "done", Duration::from_secs(60)).expect("final run did not finish");
+    assert!(
+        done_line.contains("restored_from=Some("),
+        "the final run must restore from a checkpoint: {done_line}"
+    );
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            assert!(status.success(), "final run failed: {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "final run did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done
+}
+
+/// Checks the committed output record by record.
+fn check_output(dir: &Path) -> Result<(), String> {
+    let lines = read_committed_lines(&dir.join("out")).map_err(|e| e.to_string())?;
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    let mut per_key: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
+    for l in &lines {
+        let e: Event = serde_json::from_str(l).map_err(|e| format!("bad line {l}: {e}"))?;
+        *seen.entry(e.id).or_insert(0) += 1;
+        per_key.entry(e.key).or_default().push(e);
+    }
+    let dups: Vec<_> = seen.iter().filter(|(_, c)| **c > 1).collect();
+    if !dups.is_empty() {
+        return Err(format!(
+            "{} ids duplicated (e.g. {:?}) among {} lines",
+            dups.len(),
+            dups.iter().take(3).collect::<Vec<_>>(),
+            lines.len()
+        ));
+    }
+    let missing = (0..RECORDS).filter(|i| !seen.contains_key(i)).count();
+    if missing > 0 {
+        return Err(format!("{missing} ids missing"));
+    }
+    for (key, events) in &per_key {
+        let mut total = 0i64;
+        for e in events {
+            total += e.amount;
+            if e.total != total {
+                return Err(format!(
+                    "key {key}: record {} has running total {}, expected {total}",
+                    e.id, e.total
+                ));
+            }
+        }
+        let want: i64 = (0..RECORDS).filter(|i| i % KEYS == *key).map(amount).sum();
+        if total != want {
+            return Err(format!("key {key}: final sum {total}, expected {want}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn crash_exactly_once_file_sink_survives_20_kills() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kills = run_with_kills(dir.path(), "exactly-once", 21);
+    assert!(kills >= 20);
+    if let Err(e) = check_output(dir.path()) {
+        panic!("exactly-once violated after {kills} kills: {e}");
+    }
+}
+
+#[test]
+fn crash_at_least_once_sink_shows_duplicates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    run_with_kills(dir.path(), "at-least-once", 6);
+    let err =
+        check_output(dir.path()).expect_err("an at-least-once sink must duplicate after kills");
+    assert!(err.contains("duplicated"), "{err}");
+}

@@ -1,0 +1,268 @@
+//! The checkpoint coordinator: triggers barriers at the sources, collects every subtask's
+//! acknowledgement, writes the metadata durably and only then publishes the checkpoint as
+//! complete (which makes sinks commit). A failed or timed-out checkpoint is discarded and the
+//! job goes on; the final checkpoint (end of input or stop) must succeed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::checkpoint::metadata::{CheckpointMetadata, NodeMetadata, StateFileMetadata};
+use crate::checkpoint::storage::CheckpointStorage;
+use crate::config::{CheckpointEvent, JobConfig};
+use crate::element::{Barrier, CheckpointId};
+use crate::metrics as m;
+use crate::task::{CoordinatorMsg, JobProgress, SourceControl};
+use crate::{Error, Result};
+
+struct Pending {
+    id: CheckpointId,
+    is_final: bool,
+    triggered_ms: u64,
+    started: Instant,
+    remaining: usize,
+    files: HashMap<String, Vec<StateFileMetadata>>,
+    failure: Option<String>,
+}
+
+/// Counters returned when the coordinator ends.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct CoordinatorStats {
+    pub completed: u64,
+    pub failed: u64,
+    pub last: Option<CheckpointId>,
+}
+
+pub(crate) struct Coordinator {
+    pub config: JobConfig,
+    pub storage: Option<Arc<dyn CheckpointStorage>>,
+    /// `(uid, parallelism)` of every node.
+    pub nodes: Vec<(String, usize)>,
+    pub source_controls: Vec<mpsc::UnboundedSender<SourceControl>>,
+    pub ack_rx: mpsc::UnboundedReceiver<CoordinatorMsg>,
+    pub progress_tx: Arc<watch::Sender<JobProgress>>,
+    pub stop_rx: watch::Receiver<bool>,
+    pub next_id: CheckpointId,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Coordinator {
+    fn notify(&self, ev: CheckpointEvent) {
+        if let Some(l) = &self.config.checkpoint_listener {
+            l(ev);
+        }
+    }
+
+    fn total_subtasks(&self) -> usize {
+        self.nodes.iter().map(|(_, p)| p).sum()
+    }
+
+    async fn trigger(&mut self, is_final: bool) -> Pending {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut pending = Pending {
+            id,
+            is_final,
+            triggered_ms: now_ms(),
+            started: Instant::now(),
+            remaining: self.total_subtasks(),
+            files: HashMap::new(),
+            failure: None,
+        };
+        if let Some(st) = self.storage.clone() {
+            if let Err(e) = tokio::task::spawn_blocking(move || st.begin(id))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))
+                .and_then(|r| r)
+            {
+                pending.failure = Some(e.to_string());
+            }
+        }
+        tracing::info!(checkpoint = id, is_final, "checkpoint triggered");
+        self.notify(CheckpointEvent::Triggered(id));
+        let barrier = Barrier {
+            checkpoint_id: id,
+            timestamp_ms: pending.triggered_ms,
+            is_final,
+        };
+        for c in &self.source_controls {
+            if c.send(SourceControl::Trigger(barrier)).is_err() {
+                pending
+                    .failure
+                    .get_or_insert_with(|| "a source subtask has stopped".to_string());
+            }
+        }
+        pending
+    }
+
+    fn fail(&self, p: &Pending, reason: &str, stats: &mut CoordinatorStats) {
+        stats.failed += 1;
+        metrics::counter!(m::CHECKPOINTS_FAILED).increment(1);
+        tracing::warn!(
+            checkpoint = p.id,
+            reason,
+            "checkpoint failed; the job continues"
+        );
+        self.notify(CheckpointEvent::Failed(p.id));
+        if let Some(st) = &self.storage {
+            if let Err(e) = st.discard(p.id) {
+                tracing::warn!(checkpoint = p.id, error = %e, "could not discard failed checkpoint");
+            }
+        }
+    }
+
+    async fn complete(&self, p: &mut Pending) -> Result<()> {
+        if let Some(st) = self.storage.clone() {
+            let nodes = self
+                .nodes
+                .iter()
+                .map(|(uid, par)| {
+                    let mut files = p.files.remove(uid).unwrap_or_default();
+                    files.sort_by_key(|f| f.subtask);
+                    NodeMetadata {
+                        uid: uid.clone(),
+                        parallelism: *par as u32,
+                        files,
+                    }
+                })
+                .collect::<Vec<_>>();
+            let bytes: u64 = nodes.iter().flat_map(|n| &n.files).map(|f| f.len).sum();
+            let meta = CheckpointMetadata {
+                checkpoint_id: p.id,
+                job_name: self.config.name.clone(),
+                max_parallelism: self.config.max_parallelism as u32,
+                triggered_ms: p.triggered_ms,
+                is_final: p.is_final,
+                nodes,
+            };
+            tokio::task::spawn_blocking(move || st.commit_metadata(&meta))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))??;
+            metrics::gauge!(m::CHECKPOINT_BYTES).set(bytes as f64);
+        }
+        Ok(())
+    }
+
+    fn retain(&self) {
+        let Some(st) = &self.storage else { return };
+        match st.list_complete() {
+            Ok(ids) if ids.len() > self.config.retained_checkpoints => {
+                for id in &ids[..ids.len() - self.config.retained_checkpoints] {
+                    if let Err(e) = st.discard(*id) {
+                        tracing::warn!(checkpoint = id, error = %e, "could not delete old checkpoint");
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not list checkpoints"),
+        }
+    }
+
+    /// Runs until the final checkpoint completed (Ok) or failed (Err).
+    pub(crate) async fn run(mut self, sources: usize) -> Result<CoordinatorStats> {
+        let mut stats = CoordinatorStats::default();
+        let mut pending: Option<Pending> = None;
+        let mut stopping = false;
+        let mut exhausted = 0usize;
+        let mut stop_open = true;
+        let interval = self.config.checkpoint_interval;
+        let mut next_tick = interval.map(|i| tokio::time::Instant::now() + i);
+        loop {
+            if stopping && pending.is_none() {
+                pending = Some(self.trigger(true).await);
+            }
+            let deadline = pending.as_ref().map(|p| {
+                tokio::time::Instant::from_std(p.started + self.config.checkpoint_timeout)
+            });
+            let tick_at = if pending.is_none() && !stopping {
+                next_tick
+            } else {
+                None
+            };
+            tokio::select! {
+                _ = async { tokio::time::sleep_until(tick_at.unwrap_or_else(tokio::time::Instant::now)).await }, if tick_at.is_some() => {
+                    next_tick = interval.map(|i| tokio::time::Instant::now() + i);
+                    pending = Some(self.trigger(false).await);
+                }
+                _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => {
+                    if let Some(p) = pending.take() {
+                        self.fail(&p, "timed out", &mut stats);
+                        if p.is_final {
+                            return Err(Error::CheckpointFailed { checkpoint: p.id, reason: "final checkpoint timed out".into() });
+                        }
+                    }
+                }
+                r = self.stop_rx.changed(), if stop_open => {
+                    match r {
+                        Ok(()) => if *self.stop_rx.borrow() {
+                            tracing::info!("stop requested: taking a final checkpoint");
+                            stopping = true;
+                        },
+                        Err(_) => stop_open = false,
+                    }
+                }
+                msg = self.ack_rx.recv() => {
+                    let Some(msg) = msg else {
+                        return Err(Error::Internal("every subtask dropped its coordinator channel".into()));
+                    };
+                    match msg {
+                        CoordinatorMsg::SourceExhausted => {
+                            exhausted += 1;
+                            if exhausted >= sources {
+                                stopping = true;
+                            }
+                        }
+                        CoordinatorMsg::Ack { checkpoint, node_uid, subtask, result } => {
+                            let Some(p) = pending.as_mut().filter(|p| p.id == checkpoint) else {
+                                continue;
+                            };
+                            p.remaining -= 1;
+                            match result {
+                                Ok(Some(f)) => p.files.entry(node_uid).or_default().push(f),
+                                Ok(None) => {}
+                                Err(e) => { p.failure.get_or_insert(format!("{node_uid}#{subtask}: {e}")); }
+                            }
+                            if p.remaining == 0 {
+                                let mut p = pending.take().expect("pending checked above");
+                                let outcome = match p.failure.clone() {
+                                    Some(f) => Err(f),
+                                    None => self.complete(&mut p).await.map_err(|e| e.to_string()),
+                                };
+                                match outcome {
+                                    Err(reason) => {
+                                        self.fail(&p, &reason, &mut stats);
+                                        if p.is_final {
+                                            return Err(Error::CheckpointFailed { checkpoint: p.id, reason });
+                                        }
+                                    }
+                                    Ok(()) => {
+                                        let took = p.started.elapsed();
+                                        metrics::histogram!(m::CHECKPOINT_SECONDS).record(took.as_secs_f64());
+                                        metrics::counter!(m::CHECKPOINTS_COMPLETED).increment(1);
+                                        tracing::info!(checkpoint = p.id, ms = took.as_millis() as u64, "checkpoint complete");
+                                        stats.completed += 1;
+                                        stats.last = Some(p.id);
+                                        self.notify(CheckpointEvent::Completed(p.id));
+                                        self.progress_tx.send_modify(|s| s.completed = p.id);
+                                        self.retain();
+                                        if p.is_final {
+                                            return Ok(stats);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Loading a checkpoint for restore: verify metadata and every state file, fall back to an
+//! older complete checkpoint when the newest is corrupt (reporting which file failed).
+
+use std::collections::HashMap;
+
+use crate::checkpoint::metadata::CheckpointMetadata;
+use crate::checkpoint::storage::CheckpointStorage;
+use crate::config::RestoreMode;
+use crate::element::CheckpointId;
+use crate::state::format::decode;
+use crate::state::snapshot::SubtaskSnapshot;
+use crate::{Error, Result};
+
+/// A verified checkpoint, fully loaded.
+#[derive(Debug, Clone)]
+pub struct LoadedCheckpoint {
+    /// Its metadata.
+    pub metadata: CheckpointMetadata,
+    /// Subtask snapshots by node uid, in subtask order.
+    pub nodes: HashMap<String, Vec<SubtaskSnapshot>>,
+}
+
+impl LoadedCheckpoint {
+    /// The checkpoint id.
+    pub fn id(&self) -> CheckpointId {
+        self.metadata.checkpoint_id
+    }
+}
+
+/// Loads and verifies checkpoint `id`.
+pub fn load_checkpoint(
+    storage: &dyn CheckpointStorage,
+    id: CheckpointId,
+) -> Result<LoadedCheckpoint> {
+    let metadata = storage.read_metadata(id)?;
+    if metadata.checkpoint_id != id {
+        return Err(Error::CorruptCheckpoint {
+            path: storage.location(id, crate::checkpoint::storage::METADATA_FILE),
+            reason: format!("metadata names checkpoint {}", metadata.checkpoint_id),
+        });
+    }
+    let mut nodes = HashMap::new();
+    for node in &metadata.nodes {
+        let mut subtasks = Vec::with_capacity(node.files.len());
+        for f in &node.files {
+            let payload = storage.read_state(id, &f.file, f.len, f.crc32c)?;
+            let snap: SubtaskSnapshot = decode(&payload).map_err(|e| Error::CorruptCheckpoint {
+                path: storage.location(id, &f.file),
+                reason: e.to_string(),
+            })?;
+            subtasks.push(snap);
+        }
+        subtasks.sort_by_key(|s| s.subtask);
+        nodes.insert(node.uid.clone(), subtasks);
+    }
+    Ok(LoadedCheckpoint { metadata, nodes })
+}
+
+/// Chooses and loads the checkpoint named by `mode`. Returns it (or `None` to start fresh)
+/// and the errors of checkpoints that were skipped because they did not verify.
+pub fn load_for_restore(
+    storage: &dyn CheckpointStorage,
+    mode: RestoreMode,
+    max_parallelism: usize,
+) -> Result<(Option<LoadedCheckpoint>, Vec<String>)> {
+    let check = |c: LoadedCheckpoint| -> Result<LoadedCheckpoint> {
+        if c.metadata.max_parallelism as usize != max_parallelism {
+            return Err(Error::InvalidJob(format!(
+                "checkpoint {} has max_parallelism {}, the job {max_parallelism}; key groups cannot be remapped",
+                c.id(),
+                c.metadata.max_parallelism
+            )));
+        }
+        Ok(c)
+    };
+    match mode {
+        RestoreMode::None => Ok((None, Vec::new())),
+        RestoreMode::Checkpoint(id) => {
+            if !storage.list_complete()?.contains(&id) {
+                return Err(Error::CheckpointNotFound(id));
+            }
+            Ok((Some(check(load_checkpoint(storage, id)?)?), Vec::new()))
+        }
+        RestoreMode::Latest => {
+            let ids = storage.list_complete()?;
+            let mut errors = Vec::new();
+            for id in ids.iter().rev() {
+                match load_checkpoint(storage, *id) {
+                    Ok(c) => {
+                        for e in &errors {
+                            tracing::error!(error = %e, "skipped a corrupt checkpoint");
+                        }
+                        return Ok((Some(check(c)?), errors));
+                    }
+                    Err(e) => {
+                        tracing::error!(checkpoint = id, error = %e, "checkpoint does not verify, trying an older one");
+                        metrics::counter!("onceflow_restore_skipped_checkpoints_total")
+                            .increment(1);
+                        errors.push(format!("checkpoint {id}: {e}"));
+                    }
+                }
+            }
+            if errors.is_empty() {
+                Ok((None, errors))
+            } else {
+                Err(Error::NoValidCheckpoint(errors))
+            }
+        }
+    }
+}

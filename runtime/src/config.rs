@@ -1,0 +1,182 @@
+//! Job configuration: parallelism, key groups, checkpointing and restore policy.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::element::CheckpointId;
+
+/// Which checkpoint a job restores from when it starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RestoreMode {
+    /// Start from scratch; existing checkpoints are left alone (new ids continue after them).
+    #[default]
+    None,
+    /// The newest complete checkpoint that verifies; corrupt ones are skipped with an error.
+    Latest,
+    /// Exactly this checkpoint (fails if it is missing or corrupt).
+    Checkpoint(CheckpointId),
+}
+
+/// A notable checkpoint event, reported to [`JobConfig::checkpoint_listener`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointEvent {
+    /// The coordinator asked the sources to inject the barrier.
+    Triggered(CheckpointId),
+    /// The metadata is durable; sinks are about to commit.
+    Completed(CheckpointId),
+    /// The checkpoint failed (the job continues).
+    Failed(CheckpointId),
+}
+
+/// Callback for checkpoint events (tests and tooling).
+pub type CheckpointListener = Arc<dyn Fn(CheckpointEvent) + Send + Sync>;
+
+/// Configuration of one job.
+#[derive(Clone)]
+pub struct JobConfig {
+    /// Job name (used in metadata, logs and metrics).
+    pub name: String,
+    /// Default parallelism of every operator.
+    pub parallelism: usize,
+    /// Number of key groups (upper bound of any keyed operator's parallelism).
+    pub max_parallelism: usize,
+    /// Periodic checkpoint interval; `None` takes only the final checkpoint at end of input.
+    pub checkpoint_interval: Option<Duration>,
+    /// A checkpoint that has not completed after this long fails.
+    pub checkpoint_timeout: Duration,
+    /// Directory of durable checkpoints; `None` keeps checkpoints in memory only (no recovery).
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Complete checkpoints kept on disk (older ones are deleted); at least 1.
+    pub retained_checkpoints: usize,
+    /// Where to restore from at start.
+    pub restore: RestoreMode,
+    /// Capacity of every channel, in batches (bounded: gives backpressure).
+    pub channel_capacity: usize,
+    /// Maximum records per batch on a channel.
+    pub batch_size: usize,
+    /// Stop with a final checkpoint when the process receives SIGTERM.
+    pub stop_on_sigterm: bool,
+    /// Tokio worker threads for [`crate::StreamEnvironment::execute_blocking`] (0 = number of cores).
+    pub worker_threads: usize,
+    /// Optional observer of checkpoint events.
+    pub checkpoint_listener: Option<CheckpointListener>,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            name: "onceflow-job".to_string(),
+            parallelism: 1,
+            max_parallelism: 128,
+            checkpoint_interval: None,
+            checkpoint_timeout: Duration::from_secs(60),
+            checkpoint_dir: None,
+            retained_checkpoints: 3,
+            restore: RestoreMode::None,
+            channel_capacity: 16,
+            batch_size: 256,
+            stop_on_sigterm: false,
+            worker_threads: 0,
+            checkpoint_listener: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for JobConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobConfig")
+            .field("name", &self.name)
+            .field("parallelism", &self.parallelism)
+            .field("max_parallelism", &self.max_parallelism)
+            .field("checkpoint_interval", &self.checkpoint_interval)
+            .field("checkpoint_dir", &self.checkpoint_dir)
+            .field("retained_checkpoints", &self.retained_checkpoints)
+            .field("restore", &self.restore)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JobConfig {
+    /// A configuration with the given name and defaults otherwise.
+    pub fn new(name: impl Into<String>) -> Self {
+        JobConfig {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Sets the default parallelism.
+    pub fn parallelism(mut self, p: usize) -> Self {
+        self.parallelism = p;
+        self
+    }
+
+    /// Sets the number of key groups.
+    pub fn max_parallelism(mut self, p: usize) -> Self {
+        self.max_parallelism = p;
+        self
+    }
+
+    /// Enables periodic checkpoints.
+    pub fn checkpoint_interval(mut self, every: Duration) -> Self {
+        self.checkpoint_interval = Some(every);
+        self
+    }
+
+    /// Stores checkpoints durably in `dir`.
+    pub fn checkpoint_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.checkpoint_dir = Some(dir.into());
+        self
+    }
+
+    /// Sets the restore policy.
+    pub fn restore(mut self, mode: RestoreMode) -> Self {
+        self.restore = mode;
+        self
+    }
+
+    /// Sets how many complete checkpoints are kept.
+    pub fn retained_checkpoints(mut self, n: usize) -> Self {
+        self.retained_checkpoints = n;
+        self
+    }
+
+    /// Stop with a final checkpoint on SIGTERM.
+    pub fn stop_on_sigterm(mut self, yes: bool) -> Self {
+        self.stop_on_sigterm = yes;
+        self
+    }
+
+    /// Observes checkpoint events.
+    pub fn checkpoint_listener(
+        mut self,
+        l: impl Fn(CheckpointEvent) + Send + Sync + 'static,
+    ) -> Self {
+        self.checkpoint_listener = Some(Arc::new(l));
+        self
+    }
+
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        let bad = |m: &str| Err(crate::Error::InvalidJob(m.to_string()));
+        if self.parallelism == 0 {
+            return bad("parallelism must be at least 1");
+        }
+        if self.max_parallelism == 0 || self.max_parallelism > u16::MAX as usize {
+            return bad("max_parallelism must be in 1..=65535");
+        }
+        if self.retained_checkpoints == 0 {
+            return bad("retained_checkpoints must be at least 1");
+        }
+        if self.channel_capacity == 0 || self.batch_size == 0 {
+            return bad("channel_capacity and batch_size must be at least 1");
+        }
+        if self.restore != RestoreMode::None && self.checkpoint_dir.is_none() {
+            return bad("restore needs a checkpoint_dir");
+        }
+        if self.checkpoint_interval == Some(std::time::Duration::ZERO) {
+            return bad("checkpoint_interval must be positive");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! Connector traits: a [`Source`] polls records and snapshots its position; a [`Sink`]
+//! writes records and takes part in two-phase commit with the checkpoint coordinator.
+//!
+//! The runtime calls a sink in this order: `recover(pending of the restored checkpoint)`
+//! before any record flows; then `write_batch` for records; `pre_commit(n)` when barrier n
+//! reaches the sink (its result is stored in checkpoint n); `commit(n, pending)` once
+//! checkpoint n is complete (durable), possibly again after a crash (must be idempotent);
+//! `abort(pending)` for pre-commits that no complete checkpoint will ever cover.
+
+use async_trait::async_trait;
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::element::CheckpointId;
+use crate::Result;
+
+/// Identity of a subtask, given to factories and operators.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubtaskInfo {
+    /// Job name.
+    pub job_name: String,
+    /// Operator (node) name.
+    pub operator: String,
+    /// Stable node uid (matches state across runs).
+    pub node_uid: String,
+    /// Index of this subtask, `0..parallelism`.
+    pub index: usize,
+    /// Parallelism of the node.
+    pub parallelism: usize,
+    /// Number of key groups of the job.
+    pub max_parallelism: usize,
+    /// Attempt number: the id of the checkpoint restored from (0 for a fresh start).
+    pub restored_checkpoint: CheckpointId,
+}
+
+/// What a source's poll produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourcePoll {
+    /// Records were appended (possibly zero); poll again soon.
+    Ready,
+    /// Nothing available now; the runtime waits up to this long (or until a checkpoint).
+    Idle(std::time::Duration),
+    /// The source has no more records (after those appended by this call).
+    Exhausted,
+}
+
+/// A parallel source subtask.
+#[async_trait]
+pub trait Source<T>: Send + 'static {
+    /// The position stored in checkpoints (e.g. offsets per split).
+    type Position: Serialize + DeserializeOwned + Send + Clone + 'static;
+
+    /// Restores from the positions of every subtask of the previous run (the source picks
+    /// what belongs to it, so the parallelism may change). Called before the first poll.
+    fn restore(&mut self, positions: Vec<Self::Position>) -> Result<()>;
+
+    /// Appends up to `max` records to `out`.
+    async fn poll(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourcePoll>;
+
+    /// The position after the last record returned by `poll` (taken at the barrier).
+    fn snapshot_position(&mut self, checkpoint: CheckpointId) -> Result<Self::Position>;
+
+    /// Checkpoint `checkpoint` is complete (e.g. to commit offsets externally). No-op by default.
+    fn checkpoint_complete(&mut self, _checkpoint: CheckpointId) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Creates the source subtasks of a node.
+pub trait SourceFactory<T>: Send + Sync + 'static {
+    /// The source type.
+    type Source: Source<T>;
+    /// Creates subtask `info.index`.
+    fn create(&self, info: &SubtaskInfo) -> Result<Self::Source>;
+}
+
+impl<T, S: Source<T>, F: Fn(&SubtaskInfo) -> Result<S> + Send + Sync + 'static> SourceFactory<T>
+    for F
+{
+    type Source = S;
+    fn create(&self, info: &SubtaskInfo) -> Result<S> {
+        self(info)
+    }
+}
+
+/// A parallel sink subtask taking part in two-phase commit.
+#[async_trait]
+pub trait Sink<T>: Send + 'static {
+    /// What must be remembered in a checkpoint to finish (commit) a pre-commit later.
+    type Pending: Serialize + DeserializeOwned + Send + Clone + std::fmt::Debug + 'static;
+
+    /// Finishes the previous run: commit every `pending` (they belong to the restored, complete
+    /// checkpoint) and clean up anything else a previous run left open. Subtask 0 receives the
+    /// pending commits of every old subtask, the other subtasks an empty list; all recoveries
+    /// finish before any record flows.
+    async fn recover(&mut self, pending: Vec<Self::Pending>) -> Result<()>;
+
+    /// Writes records (they become visible only after commit for exactly-once sinks).
+    async fn write_batch(&mut self, records: Vec<T>) -> Result<()>;
+
+    /// Barrier `checkpoint` arrived: make everything written so far durable but invisible, and
+    /// return what commit needs (`None` if nothing was written). An error fails this
+    /// checkpoint, not the job: the sink must keep the data for the next pre-commit.
+    async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<Option<Self::Pending>>;
+
+    /// Checkpoint `checkpoint` is complete: publish `pending`. Must be idempotent.
+    async fn commit(&mut self, checkpoint: CheckpointId, pending: Self::Pending) -> Result<()>;
+
+    /// Discards a pre-commit that no complete checkpoint covers.
+    async fn abort(&mut self, pending: Self::Pending) -> Result<()>;
+}
+
+/// Creates the sink subtasks of a node.
+pub trait SinkFactory<T>: Send + Sync + 'static {
+    /// The sink type.
+    type Sink: Sink<T>;
+    /// Creates subtask `info.index`.
+    fn create(&self, info: &SubtaskInfo) -> Result<Self::Sink>;
+}
+
+impl<T, S: Sink<T>, F: Fn(&SubtaskInfo) -> Result<S> + Send + Sync + 'static> SinkFactory<T> for F {
+    type Sink = S;
+    fn create(&self, info: &SubtaskInfo) -> Result<S> {
+        self(info)
+    }
+}

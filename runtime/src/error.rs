@@ -1,0 +1,86 @@
+//! The runtime's error type: who is at fault (user, environment, bug) and whether a retry helps.
+
+use std::path::PathBuf;
+
+/// Errors of the dataflow runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The job graph or configuration is invalid (user error; retrying does not help).
+    #[error("invalid job: {0}")]
+    InvalidJob(String),
+    /// A user function, operator or connector reported an error (may be transient).
+    #[error("operator `{operator}` subtask {subtask} failed: {message}")]
+    Operator {
+        /// Operator name.
+        operator: String,
+        /// Subtask index.
+        subtask: usize,
+        /// What went wrong.
+        message: String,
+    },
+    /// A connector (source or sink) failed; an external system may be at fault, a retry may help.
+    #[error("connector error: {0}")]
+    Connector(String),
+    /// A file of a checkpoint is corrupt or truncated (the file is named).
+    #[error("corrupt checkpoint file {path}: {reason}")]
+    CorruptCheckpoint {
+        /// The offending file.
+        path: PathBuf,
+        /// What failed to verify.
+        reason: String,
+    },
+    /// A requested checkpoint does not exist or is incomplete.
+    #[error("checkpoint {0} not found or incomplete")]
+    CheckpointNotFound(u64),
+    /// Every retained checkpoint failed to load; the errors name the files.
+    #[error("no valid checkpoint to restore from: {}", .0.join("; "))]
+    NoValidCheckpoint(Vec<String>),
+    /// An I/O operation on checkpoint or sink storage failed (environment; a retry may help).
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        /// Path being accessed.
+        path: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// Serializing or deserializing state failed (usually a bug or an incompatible state type).
+    #[error("state serialization failed: {0}")]
+    Serialization(String),
+    /// A checkpoint could not be taken (the job continues).
+    #[error("checkpoint {checkpoint} failed: {reason}")]
+    CheckpointFailed {
+        /// The checkpoint id.
+        checkpoint: u64,
+        /// Why it failed.
+        reason: String,
+    },
+    /// A channel between subtasks closed unexpectedly: a peer subtask failed or was cancelled.
+    #[error("channel closed: {0}")]
+    ChannelClosed(String),
+    /// A broken runtime invariant (a bug in onceflow).
+    #[error("internal error (bug): {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Builds an [`Error::Io`] for `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Builds an [`Error::Serialization`] from any displayable error.
+    pub fn serialization(e: impl std::fmt::Display) -> Self {
+        Error::Serialization(e.to_string())
+    }
+
+    /// Builds an [`Error::Connector`] from any displayable error.
+    pub fn connector(e: impl std::fmt::Display) -> Self {
+        Error::Connector(e.to_string())
+    }
+}
+
+/// Result alias of the runtime.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,132 @@
+//! On-disk framing of snapshot and metadata files: magic, format version, kind, payload
+//! length and a crc32c of the payload, so truncation and corruption are detected and
+//! reported with the file's path.
+//!
+//! Layout (little endian): `b"OFLW"` | version u16 | kind u8 | reserved u8 | len u64 |
+//! crc32c u32 | payload (`len` bytes, bincode 2 of a serde type).
+
+use std::path::Path;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::{Error, Result};
+
+/// Magic bytes at the start of every file.
+pub const MAGIC: &[u8; 4] = b"OFLW";
+/// Current snapshot format version; readers reject newer versions.
+pub const FORMAT_VERSION: u16 = 1;
+/// Size of the frame header.
+pub const HEADER_LEN: usize = 20;
+
+/// What a frame contains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A subtask's state snapshot.
+    State = 1,
+    /// A checkpoint's metadata.
+    Metadata = 2,
+}
+
+/// bincode configuration used for every snapshot.
+pub fn bincode_config() -> bincode::config::Configuration {
+    bincode::config::standard()
+}
+
+/// Serializes a serde value with bincode 2.
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
+    bincode::serde::encode_to_vec(value, bincode_config()).map_err(Error::serialization)
+}
+
+/// Deserializes a serde value with bincode 2; trailing bytes are an error.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    let (v, used) = bincode::serde::decode_from_slice::<T, _>(bytes, bincode_config())
+        .map_err(Error::serialization)?;
+    if used != bytes.len() {
+        return Err(Error::Serialization(format!(
+            "{} trailing bytes after value",
+            bytes.len() - used
+        )));
+    }
+    Ok(v)
+}
+
+/// Wraps `payload` in a frame.
+pub fn frame(kind: FrameKind, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.push(kind as u8);
+    out.push(0);
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Verifies a frame read from `path` and returns its payload.
+pub fn unframe<'a>(kind: FrameKind, bytes: &'a [u8], path: &Path) -> Result<&'a [u8]> {
+    let corrupt = |reason: String| Error::CorruptCheckpoint {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if bytes.len() < HEADER_LEN {
+        return Err(corrupt(format!(
+            "truncated: {} bytes, shorter than the {HEADER_LEN}-byte header",
+            bytes.len()
+        )));
+    }
+    if &bytes[0..4] != MAGIC {
+        return Err(corrupt("bad magic".into()));
+    }
+    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+    if version == 0 || version > FORMAT_VERSION {
+        return Err(corrupt(format!(
+            "unsupported format version {version} (this build reads up to {FORMAT_VERSION})"
+        )));
+    }
+    if bytes[6] != kind as u8 {
+        return Err(corrupt(format!("unexpected frame kind {}", bytes[6])));
+    }
+    let mut len8 = [0u8; 8];
+    len8.copy_from_slice(&bytes[8..16]);
+    let len = u64::from_le_bytes(len8);
+    let mut crc4 = [0u8; 4];
+    crc4.copy_from_slice(&bytes[16..20]);
+    let crc = u32::from_le_bytes(crc4);
+    let payload = &bytes[HEADER_LEN..];
+    if payload.len() as u64 != len {
+        return Err(corrupt(format!(
+            "truncated: header says {len} payload bytes, file has {}",
+            payload.len()
+        )));
+    }
+    let actual = crc32c::crc32c(payload);
+    if actual != crc {
+        return Err(corrupt(format!(
+            "checksum mismatch (stored {crc:#010x}, computed {actual:#010x})"
+        )));
+    }
+    Ok(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_round_trip_and_detects_damage() {
+        let p = Path::new("x.state");
+        let f = frame(FrameKind::State, b"hello");
+        assert_eq!(unframe(FrameKind::State, &f, p).unwrap(), b"hello");
+        let mut bad = f.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        let e = unframe(FrameKind::State, &bad, p).unwrap_err().to_string();
+        assert!(e.contains("x.state") && e.contains("checksum"), "{e}");
+        let e = unframe(FrameKind::State, &f[..f.len() - 1], p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("truncated"), "{e}");
+        assert!(unframe(FrameKind::Metadata, &f, p).is_err());
+    }
+}

@@ -1,0 +1,139 @@
+//! Subtask loops (source, operator, sink) and what they share: the coordinator channel,
+//! progress notifications and snapshot persistence.
+
+pub(crate) mod operator;
+pub(crate) mod sink;
+pub(crate) mod source;
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::checkpoint::{CheckpointStorage, StateFileMetadata};
+use crate::connector::SubtaskInfo;
+use crate::element::{Barrier, CheckpointId};
+use crate::metrics::SubtaskMetrics;
+use crate::state::format::encode;
+use crate::state::SubtaskSnapshot;
+use crate::{Error, Result};
+
+/// Messages from subtasks to the checkpoint coordinator.
+#[derive(Debug)]
+pub(crate) enum CoordinatorMsg {
+    /// A subtask finished its part of a checkpoint (state written, or failed).
+    Ack {
+        checkpoint: CheckpointId,
+        node_uid: String,
+        subtask: u32,
+        result: std::result::Result<Option<StateFileMetadata>, String>,
+    },
+    /// A source subtask has no more input.
+    SourceExhausted,
+}
+
+/// Control messages to a source subtask.
+#[derive(Debug)]
+pub(crate) enum SourceControl {
+    /// Inject this barrier.
+    Trigger(Barrier),
+}
+
+/// Job progress published by the coordinator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct JobProgress {
+    /// Newest complete checkpoint.
+    pub completed: CheckpointId,
+    /// The job is failing: stop waiting.
+    pub failed: bool,
+}
+
+/// Shared by all subtasks of a job.
+pub(crate) struct TaskServices {
+    pub ack_tx: mpsc::UnboundedSender<CoordinatorMsg>,
+    pub progress: watch::Receiver<JobProgress>,
+    pub storage: Option<Arc<dyn CheckpointStorage>>,
+    pub batch_size: usize,
+}
+
+/// Everything one subtask loop needs besides its inputs and outputs.
+pub(crate) struct TaskContext {
+    pub info: SubtaskInfo,
+    pub services: Arc<TaskServices>,
+    pub metrics: SubtaskMetrics,
+}
+
+impl TaskContext {
+    pub fn new(info: SubtaskInfo, services: Arc<TaskServices>) -> Self {
+        let metrics = SubtaskMetrics::new(&info);
+        TaskContext {
+            info,
+            services,
+            metrics,
+        }
+    }
+
+    /// Wraps an error of user code with the operator's identity.
+    pub fn op_err(&self, e: Error) -> Error {
+        match e {
+            Error::Operator { .. } | Error::ChannelClosed(_) => e,
+            other => Error::Operator {
+                operator: self.info.operator.clone(),
+                subtask: self.info.index,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    /// An empty snapshot stamped with this subtask's identity.
+    pub fn snapshot_for(&self, checkpoint: CheckpointId) -> SubtaskSnapshot {
+        SubtaskSnapshot {
+            node_uid: self.info.node_uid.clone(),
+            subtask: self.info.index as u32,
+            parallelism: self.info.parallelism as u32,
+            checkpoint_id: checkpoint,
+            ..Default::default()
+        }
+    }
+
+    /// Persists the snapshot (in a blocking thread) and acknowledges the checkpoint.
+    pub fn persist_and_ack(&self, checkpoint: CheckpointId, snapshot: Result<SubtaskSnapshot>) {
+        let node_uid = self.info.node_uid.clone();
+        let subtask = self.info.index as u32;
+        let tx = self.services.ack_tx.clone();
+        let ack = move |result| {
+            // the coordinator may be gone when the job is shutting down
+            let _ = tx.send(CoordinatorMsg::Ack {
+                checkpoint,
+                node_uid,
+                subtask,
+                result,
+            });
+        };
+        let bytes = match snapshot.and_then(|s| encode(&s)) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(checkpoint, operator = %self.info.operator, subtask, error = %e, "snapshot failed");
+                return ack(Err(e.to_string()));
+            }
+        };
+        self.metrics.snapshot_bytes.set(bytes.len() as f64);
+        let Some(storage) = self.services.storage.clone() else {
+            return ack(Ok(None));
+        };
+        let file = format!("{}-{}.state", self.info.node_uid, subtask);
+        tokio::task::spawn_blocking(move || {
+            let result = storage
+                .write_state(checkpoint, &file, &bytes)
+                .map(|(len, crc32c)| {
+                    Some(StateFileMetadata {
+                        subtask,
+                        file,
+                        len,
+                        crc32c,
+                    })
+                })
+                .map_err(|e| e.to_string());
+            ack(result);
+        });
+    }
+}
