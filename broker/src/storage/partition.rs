@@ -20,7 +20,7 @@ use super::segment::{self, HeaderWalker, Segment};
 use super::snapshot;
 
 /// Snapshots kept per partition (the newest ones).
-const SNAPSHOTS_KEPT: usize = 2;
+pub(crate) const SNAPSHOTS_KEPT: usize = 2;
 
 /// What a successful append reports back to the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
