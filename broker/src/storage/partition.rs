@@ -161,6 +161,43 @@ impl Partition {
         self.append_validated(&records, &batches)
     }
 
+    /// Appends control batches (transaction markers: COMMIT/ABORT built by the transaction
+    /// coordinator, see [`batch::encode_batch`]) that clients may not write through
+    /// [`Partition::append`]. Markers skip sequence checks (they carry sequence -1) but not the
+    /// epoch check: a marker with an older epoch than the producer's is refused with
+    /// `InvalidProducerEpoch`; one with a newer epoch (the coordinator bumped it to fence a
+    /// producer) becomes the producer's epoch, whose next data batch must start at sequence 0.
+    /// A marker closes the producer's open transaction on this partition
+    /// (`ProducerEntry::txn_first_offset`).
+    pub fn append_control(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
+        let batches = batch::split_batches(&records).map_err(fault_to_error)?;
+        if let Some((_, h)) = batches.iter().find(|(_, h)| !h.is_control()) {
+            return Err(AppendError::InvalidRecord(format!(
+                "append_control takes control batches only (attributes {:#x})",
+                h.attributes
+            )));
+        }
+        self.append_validated(&records, &batches)
+    }
+
+    /// A copy of the producer state of `producer_id` on this partition, if known.
+    pub fn producer_state(&self, producer_id: i64) -> Option<ProducerEntry> {
+        self.lock().producers.get(producer_id).cloned()
+    }
+
+    /// Producers with an open transaction on this partition: (producer id, first offset),
+    /// ordered by first offset.
+    pub fn open_transactions(&self) -> Vec<(i64, i64)> {
+        let st = self.lock();
+        let mut open: Vec<(i64, i64)> = st
+            .producers
+            .iter()
+            .filter_map(|(pid, e)| e.txn_first_offset.map(|first| (*pid, first)))
+            .collect();
+        open.sort_by_key(|(pid, first)| (*first, *pid));
+        open
+    }
+
     /// Appends already validated batches (`batches` = positions and headers within `records`).
     fn append_validated(
         &self,
