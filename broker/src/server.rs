@@ -254,7 +254,9 @@ async fn handle_frame(state: &Arc<BrokerState>, frame: Bytes) -> Option<Option<B
     let prefix = codec::peek_prefix(&frame).ok();
     let span = tracing::debug_span!(
         "request",
-        api = prefix.map_or(-1, |p| p.api_key),
+        api = prefix
+            .and_then(|p| kafka_protocol::messages::ApiKey::try_from(p.api_key).ok())
+            .map_or("unknown", api_name),
         version = prefix.map_or(-1, |p| p.api_version),
         correlation_id = tracing::field::Empty,
         client_id = tracing::field::Empty,
