@@ -111,15 +111,21 @@ fn main() {
     let records: u64 = std::env::var("BENCH_RECORDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(4_000_000);
+        .unwrap_or(10_000_000);
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
     println!("## map -> key_by -> reduce ({records} records, 10k keys)\n");
-    println!("| parallelism | checkpoints | records/s | checkpoints taken |");
+    println!("| parallelism | checkpoints | records/s (median of 3) | checkpoints taken |");
     println!("| --- | --- | --- | --- |");
     for p in [1, 2] {
         for cp in [None, Some(Duration::from_secs(1))] {
-            let (rate, n) = pipeline(records, p, cp);
+            let runs: Vec<(f64, u64)> = (0..3).map(|_| pipeline(records, p, cp)).collect();
+            let n = runs[0].1;
+            let rate = median(runs.into_iter().map(|r| r.0).collect());
             let label = if cp.is_some() { "every 1 s" } else { "none (final only)" };
-            println!("| {p} | {label} | {:.0} | {n} |", rate);
+            println!("| {p} | {label} | {:.2} M | {n} |", rate / 1e6);
         }
     }
     println!("\n## checkpoint of keyed state (parallelism 2)\n");
@@ -133,9 +139,12 @@ fn main() {
             bytes as f64 / 1e6
         );
     }
-    println!("\n## channel hop, batches of 256 u64 (records/s)\n");
-    println!("| tokio tasks (mpsc) | OS threads (sync_channel) |");
-    println!("| --- | --- |");
-    let (tk, th) = (hop_tokio(40_000, 256), hop_threads(40_000, 256));
-    println!("| {tk:.0} | {th:.0} |");
+    println!("\n## one channel hop between two subtasks (records/s)\n");
+    println!("| batch size | tokio tasks (mpsc) | OS threads (sync_channel) |");
+    println!("| --- | --- | --- |");
+    for (batches, batch) in [(2_000_000, 1), (40_000, 256)] {
+        let tk = median((0..3).map(|_| hop_tokio(batches, batch)).collect());
+        let th = median((0..3).map(|_| hop_threads(batches, batch)).collect());
+        println!("| {batch} | {:.2} M | {:.2} M |", tk / 1e6, th / 1e6);
+    }
 }
