@@ -124,7 +124,11 @@ fn main() {
             let runs: Vec<(f64, u64)> = (0..3).map(|_| pipeline(records, p, cp)).collect();
             let n = runs[0].1;
             let rate = median(runs.into_iter().map(|r| r.0).collect());
-            let label = if cp.is_some() { "every 1 s" } else { "none (final only)" };
+            let label = if cp.is_some() {
+                "every 1 s"
+            } else {
+                "none (final only)"
+            };
             println!("| {p} | {label} | {:.2} M | {n} |", rate / 1e6);
         }
     }

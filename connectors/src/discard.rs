@@ -37,7 +37,8 @@ impl<T: Send + 'static> Sink<T> for DiscardSinkWriter {
     }
 
     async fn write_batch(&mut self, records: Vec<T>) -> Result<()> {
-        self.count.fetch_add(records.len() as u64, Ordering::Relaxed);
+        self.count
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
