@@ -18,7 +18,7 @@ use onceflow_runtime::{CheckpointEvent, JobConfig, RestoreMode, StreamEnvironmen
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-const RECORDS: u64 = 120_000;
+const RECORDS: u64 = 150_000;
 const KEYS: u64 = 37;
 const RATE: f64 = 15_000.0;
 const SPLITS: u32 = 8;

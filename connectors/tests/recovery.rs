@@ -163,6 +163,17 @@ fn restore_at_parallelism_3_from_2_equals_uninterrupted_run() {
         "every record emitted exactly once"
     );
     assert_eq!(finals(&all), want);
+    // retention: at most 3 checkpoints kept, every one of them complete
+    let dirs: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("chk-"))
+        .collect();
+    assert!(!dirs.is_empty() && dirs.len() <= 3, "{dirs:?}");
+    assert!(
+        dirs.iter().all(|d| d.join("_metadata").exists()),
+        "{dirs:?}"
+    );
 }
 
 fn state_file_of(dir: &Path, id: u64, node: &str) -> PathBuf {
