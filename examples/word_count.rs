@@ -11,8 +11,22 @@ use onceflow::connectors::read_committed_lines;
 use onceflow::prelude::*;
 
 const WORDS: &[&str] = &[
-    "stream", "barrier", "checkpoint", "state", "key", "group", "sink", "source", "commit",
-    "exactly", "once", "kafka", "window", "watermark", "operator", "task",
+    "stream",
+    "barrier",
+    "checkpoint",
+    "state",
+    "key",
+    "group",
+    "sink",
+    "source",
+    "commit",
+    "exactly",
+    "once",
+    "kafka",
+    "window",
+    "watermark",
+    "operator",
+    "task",
 ];
 
 fn line(i: u64) -> String {
@@ -32,8 +46,7 @@ fn arg(name: &str) -> Option<String> {
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
     let parallelism: usize = arg("--parallelism").map_or(Ok(2), |v| v.parse())?;
