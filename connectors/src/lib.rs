@@ -2,12 +2,14 @@
 //! and the exactly-once file sink (Kafka connectors join them later).
 
 mod collect;
+mod discard;
 mod file;
 mod generator;
 mod memory;
 mod split;
 
-pub use collect::{CollectPending, CollectSink, Collected};
+pub use collect::{CollectPending, CollectSink, CollectSinkWriter, Collected};
+pub use discard::{DiscardSink, DiscardSinkWriter};
 pub use file::{read_committed_lines, FilePending, FileSink, FileSinkMode, FileSinkWriter};
 pub use generator::Generator;
 pub use memory::MemorySource;

@@ -59,6 +59,13 @@ pub trait Source<T>: Send + 'static {
     /// The position after the last record returned by `poll` (taken at the barrier).
     fn snapshot_position(&mut self, checkpoint: CheckpointId) -> Result<Self::Position>;
 
+    /// The source's current event-time watermark (e.g. the minimum over its partitions);
+    /// the runtime forwards it downstream whenever it advances. `None` (the default): the
+    /// source emits no watermarks.
+    fn current_watermark(&mut self) -> Option<crate::Watermark> {
+        None
+    }
+
     /// Checkpoint `checkpoint` is complete (e.g. to commit offsets externally). No-op by default.
     fn checkpoint_complete(&mut self, _checkpoint: CheckpointId) -> Result<()> {
         Ok(())

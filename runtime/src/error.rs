@@ -62,7 +62,45 @@ pub enum Error {
     Internal(String),
 }
 
+/// Who is at fault for an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The job's code or configuration.
+    User,
+    /// The environment: disk, network, an external system.
+    External,
+    /// onceflow itself.
+    Bug,
+}
+
 impl Error {
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::InvalidJob(_) | Error::Operator { .. } | Error::Serialization(_) => Fault::User,
+            Error::Connector(_)
+            | Error::CorruptCheckpoint { .. }
+            | Error::CheckpointNotFound(_)
+            | Error::NoValidCheckpoint(_)
+            | Error::Io { .. }
+            | Error::CheckpointFailed { .. }
+            | Error::ChannelClosed(_) => Fault::External,
+            Error::Internal(_) => Fault::Bug,
+        }
+    }
+
+    /// Whether restarting the job (restore = latest) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Connector(_)
+                | Error::Io { .. }
+                | Error::CheckpointFailed { .. }
+                | Error::ChannelClosed(_)
+                | Error::Operator { .. }
+        )
+    }
+
     /// Builds an [`Error::Io`] for `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::checkpoint::coordinator::Coordinator;
 use crate::checkpoint::{load_for_restore, CheckpointStorage, LoadedCheckpoint, LocalDirStorage};
@@ -226,7 +227,8 @@ impl StreamEnvironment {
 
         let mut tasks = JoinSet::new();
         for (name, run) in runs {
-            tasks.spawn(async move { run.await.map_err(|e| (name, e)) });
+            let span = tracing::info_span!("subtask", job = %config.name, subtask = %name);
+            tasks.spawn(async move { run.await.map_err(|e| (name, e)) }.instrument(span));
         }
         let mut coord = tokio::spawn(coordinator.run(sources));
         let mut coord_done = None;

@@ -26,7 +26,7 @@ mod task;
 pub use config::{CheckpointEvent, JobConfig, RestoreMode};
 pub use connector::{Sink, SinkFactory, Source, SourceFactory, SourcePoll, SubtaskInfo};
 pub use element::{Barrier, CheckpointId, Data, Key, StreamElement, TwoInputs, Watermark};
-pub use error::{Error, Result};
+pub use error::{Error, Fault, Result};
 pub use execute::JobResult;
 pub use graph::OperatorFactory;
 pub use operator::Operator;

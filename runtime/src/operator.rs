@@ -31,6 +31,17 @@ pub trait Operator<In, Out>: Send + 'static {
         Ok(Some(wm))
     }
 
+    /// The next moment this subtask wants [`Operator::on_processing_time`] called (e.g. the
+    /// earliest processing-time timer); asked after every event. `None`: no wake-up.
+    fn processing_deadline(&self) -> Option<std::time::Instant> {
+        None
+    }
+
+    /// Called once the deadline from [`Operator::processing_deadline`] has passed.
+    fn on_processing_time(&mut self, _now: std::time::Instant, _out: &mut Vec<Out>) -> Result<()> {
+        Ok(())
+    }
+
     /// Snapshots state for checkpoint `checkpoint`; called when every input has delivered its
     /// barrier and before the barrier is forwarded. An error fails the checkpoint, not the job.
     fn snapshot(&mut self, _checkpoint: CheckpointId) -> Result<OperatorSnapshot> {

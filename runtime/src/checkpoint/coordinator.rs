@@ -151,8 +151,20 @@ impl Coordinator {
         Ok(())
     }
 
-    fn retain(&self) {
+    /// Deletes complete checkpoints beyond the retention count and incomplete ones older
+    /// than `completed` (left by failed attempts or crashes; they can never be restored).
+    fn retain(&self, completed: CheckpointId) {
         let Some(st) = &self.storage else { return };
+        if let (Ok(all), Ok(complete)) = (st.list_all(), st.list_complete()) {
+            for id in all
+                .iter()
+                .filter(|id| **id < completed && !complete.contains(id))
+            {
+                if let Err(e) = st.discard(*id) {
+                    tracing::warn!(checkpoint = id, error = %e, "could not delete incomplete checkpoint");
+                }
+            }
+        }
         match st.list_complete() {
             Ok(ids) if ids.len() > self.config.retained_checkpoints => {
                 for id in &ids[..ids.len() - self.config.retained_checkpoints] {
@@ -252,7 +264,7 @@ impl Coordinator {
                                         stats.last = Some(p.id);
                                         self.notify(CheckpointEvent::Completed(p.id));
                                         self.progress_tx.send_modify(|s| s.completed = p.id);
-                                        self.retain();
+                                        self.retain(p.id);
                                         if p.is_final {
                                             return Ok(stats);
                                         }

@@ -23,8 +23,12 @@ pub trait CheckpointStorage: Send + Sync + 'static {
     fn commit_metadata(&self, meta: &CheckpointMetadata) -> Result<()>;
     /// Ids of checkpoints that have metadata, ascending.
     fn list_complete(&self) -> Result<Vec<CheckpointId>>;
+    /// Ids of every checkpoint with any trace in storage (complete or not), ascending.
+    fn list_all(&self) -> Result<Vec<CheckpointId>>;
     /// Highest id with any trace in storage (complete or not); 0 if none.
-    fn highest_id(&self) -> Result<CheckpointId>;
+    fn highest_id(&self) -> Result<CheckpointId> {
+        Ok(self.list_all()?.last().copied().unwrap_or(0))
+    }
     /// Reads and verifies a checkpoint's metadata.
     fn read_metadata(&self, id: CheckpointId) -> Result<CheckpointMetadata>;
     /// Reads a state file, verifies it against `len`/`crc` and returns the payload.
@@ -123,8 +127,8 @@ impl CheckpointStorage for LocalDirStorage {
             .collect())
     }
 
-    fn highest_id(&self) -> Result<CheckpointId> {
-        Ok(self.ids()?.last().copied().unwrap_or(0))
+    fn list_all(&self) -> Result<Vec<CheckpointId>> {
+        self.ids()
     }
 
     fn read_metadata(&self, id: CheckpointId) -> Result<CheckpointMetadata> {

@@ -30,16 +30,27 @@ pub(crate) async fn run_operator<In: Data, Out: Data, Op: Operator<In, Out>>(
                 op.handle_commit(committed).map_err(|e| ctx.op_err(e))?;
             }
         }
+        if let Some(deadline) = op.processing_deadline() {
+            let now = Instant::now();
+            if deadline <= now {
+                op.on_processing_time(now, &mut out)
+                    .map_err(|e| ctx.op_err(e))?;
+                output.emit_all(&mut out).await?;
+                continue;
+            }
+        }
         let ev = match gate.next().now_or_never() {
             Some(ev) => ev?,
             None => {
                 output.flush().await?;
+                let deadline = op.processing_deadline().map(tokio::time::Instant::from_std);
                 tokio::select! {
                     biased;
                     r = progress.changed(), if progress_open => {
                         progress_open = r.is_ok();
                         continue;
                     }
+                    _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => continue,
                     ev = gate.next() => ev?,
                 }
             }

@@ -6,7 +6,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 use crate::connector::{Source, SourcePoll};
-use crate::element::{Data, StreamElement};
+use crate::element::{Data, StreamElement, Watermark};
 use crate::output::Output;
 use crate::state::format::encode;
 use crate::task::{CoordinatorMsg, SourceControl, TaskContext};
@@ -24,6 +24,7 @@ pub(crate) async fn run_source<T: Data, S: Source<T>>(
     let mut next_ctrl: Option<SourceControl> = None;
     let mut progress = ctx.services.progress.clone();
     let mut committed = progress.borrow().completed;
+    let mut last_watermark = None;
     loop {
         let ctrl =
             match next_ctrl.take() {
@@ -65,6 +66,12 @@ pub(crate) async fn run_source<T: Data, S: Source<T>>(
             .map_err(|e| ctx.op_err(e))?;
         ctx.metrics.busy(start.elapsed());
         output.emit_all(&mut buf).await?;
+        if let Some(w) = source.current_watermark() {
+            if last_watermark.is_none_or(|l| w > l) {
+                last_watermark = Some(w);
+                output.broadcast(|| StreamElement::Watermark(w)).await?;
+            }
+        }
         match status {
             SourcePoll::Ready => {}
             SourcePoll::Idle(wait) => {
@@ -77,6 +84,13 @@ pub(crate) async fn run_source<T: Data, S: Source<T>>(
                 }
             }
             SourcePoll::Exhausted => {
+                // end of input: an event-time source releases everything downstream
+                if last_watermark.is_some_and(|l| l < Watermark(i64::MAX)) {
+                    last_watermark = Some(Watermark(i64::MAX));
+                    output
+                        .broadcast(|| StreamElement::Watermark(Watermark(i64::MAX)))
+                        .await?;
+                }
                 output.flush().await?;
                 exhausted = true;
                 let _ = ctx.services.ack_tx.send(CoordinatorMsg::SourceExhausted);
