@@ -318,10 +318,10 @@ fn torn_tail_is_truncated_and_never_served() -> Result<()> {
             }
             "batch with a bad CRC" => {
                 // A whole batch frame (length consistent) whose CRC does not match its body.
-                let body_len = 49 + 20;
+                let body_len: i32 = 49 + 20;
                 let mut g = Vec::new();
                 g.extend_from_slice(&(all.len() as i64).to_be_bytes());
-                g.extend_from_slice(&(body_len as i32).to_be_bytes());
+                g.extend_from_slice(&body_len.to_be_bytes());
                 g.extend_from_slice(&0i32.to_be_bytes());
                 g.push(2);
                 g.extend_from_slice(&0x1234_5678u32.to_be_bytes());
