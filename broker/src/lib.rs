@@ -23,6 +23,7 @@ pub mod error;
 pub mod handlers;
 pub mod metrics;
 pub mod producer_ids;
+pub mod request_guard;
 pub mod server;
 pub mod state;
 pub mod storage;
