@@ -123,12 +123,14 @@ pub fn read_all(
         .create()
         .context("create consumer")?;
     let deadline = Instant::now() + timeout;
+    // Watermarks come quickly from a healthy broker; do not spend the whole budget retrying.
+    let watermark_deadline = deadline.min(Instant::now() + Duration::from_secs(10));
     let mut ends = BTreeMap::new();
     for p in 0..partitions {
         let (low, high) = loop {
             match consumer.fetch_watermarks(topic, p, Duration::from_secs(5)) {
                 Ok(w) => break w,
-                Err(e) if Instant::now() < deadline => {
+                Err(e) if Instant::now() < watermark_deadline => {
                     eprintln!("fetch_watermarks {topic}/{p}: {e}; retrying");
                     std::thread::sleep(Duration::from_millis(200));
                 }
