@@ -227,8 +227,18 @@ impl ProducerContext for AckContext {
 
 /// An idempotent producer with small batches and a long message timeout.
 pub fn idempotent_producer(bootstrap: &str, acks: &Arc<Acks>) -> Result<BaseProducer<AckContext>> {
+    idempotent_producer_with(bootstrap, acks, "none")
+}
+
+/// [`idempotent_producer`] with `compression.type` set to `compression`.
+pub fn idempotent_producer_with(
+    bootstrap: &str,
+    acks: &Arc<Acks>,
+    compression: &str,
+) -> Result<BaseProducer<AckContext>> {
     let producer = client_config(bootstrap)
         .set("enable.idempotence", "true")
+        .set("compression.type", compression)
         .set("linger.ms", "2")
         .set("batch.num.messages", "200")
         .set("message.timeout.ms", "90000")
