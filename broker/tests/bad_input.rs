@@ -507,3 +507,41 @@ fn array_length_bombs_do_not_abort_the_broker() -> Result<()> {
     rdkafka_round_trip(&broker, "after-array-bombs")?;
     Ok(())
 }
+
+#[test]
+fn pipelined_requests_are_answered_in_order_before_a_bad_frame_closes() -> Result<()> {
+    let mut broker = BrokerProcess::spawn(Storage::InMemory, &[])?;
+    let mut c = RawClient::connect(broker.addr())?;
+    // Five requests of different APIs in one write, then a frame with an unknown API key.
+    let mut burst = BytesMut::new();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let (id, frame) = if i % 2 == 0 {
+            c.encode_frame(&ApiVersionsRequest::default(), 0)?
+        } else {
+            c.encode_frame(
+                &MetadataRequest::default()
+                    .with_topics(None)
+                    .with_allow_auto_topic_creation(false),
+                4,
+            )?
+        };
+        ids.push(id);
+        burst.extend_from_slice(&frame);
+    }
+    burst.extend_from_slice(&hand_frame(9_999, 0, 999, false, &[]));
+    c.send_bytes(&burst)?;
+    for id in ids {
+        let mut frame = c
+            .read_frame()
+            .with_context(|| format!("answer to pipelined request {id}"))?;
+        let got = frame.get_i32();
+        ensure!(
+            got == id,
+            "pipelined answers out of order: got correlation id {got}, expected {id}"
+        );
+    }
+    answer_or_close(&mut c, 999, "unknown API key after a pipelined burst")?;
+    still_serving(&mut broker, "a pipelined burst ending in a bad frame")?;
+    Ok(())
+}
