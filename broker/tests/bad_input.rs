@@ -545,3 +545,58 @@ fn pipelined_requests_are_answered_in_order_before_a_bad_frame_closes() -> Resul
     still_serving(&mut broker, "a pipelined burst ending in a bad frame")?;
     Ok(())
 }
+
+#[test]
+fn produce_with_acks_0_gets_no_answer() -> Result<()> {
+    // Kafka sends no response to a Produce request with acks=0; a broker that answers anyway
+    // desynchronises clients that pipeline the next request behind it.
+    let broker = BrokerProcess::spawn(Storage::InMemory, &[])?;
+    let mut c = RawClient::connect(broker.addr())?;
+    let versions = c.api_versions()?;
+    let produce_v = versions.pick::<ProduceRequest>(9)?;
+    c.metadata(4, &["acks0"])?;
+    let produce = ProduceRequest::default()
+        .with_acks(0)
+        .with_timeout_ms(1000)
+        .with_topic_data(vec![
+            kafka_protocol::messages::produce_request::TopicProduceData::default()
+                .with_name(common::topic_name("acks0"))
+                .with_partition_data(vec![
+                    kafka_protocol::messages::produce_request::PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(common::idempotent_batch(
+                            -1,
+                            -1,
+                            -1,
+                            &["fire", "forget"],
+                        )?)),
+                ]),
+        ]);
+    let (_, frame) = c.encode_frame(&produce, produce_v)?;
+    c.send_bytes(&frame)?;
+    // The next answer on the connection must be the one to the next request.
+    let resp = c
+        .request(&ApiVersionsRequest::default(), 0)
+        .context("ApiVersions after an acks=0 Produce")?;
+    ensure!(
+        resp.error_code == error_code::NONE,
+        "ApiVersions error {}",
+        resp.error_code
+    );
+    // And the records were written.
+    let fetch_v = versions.pick::<FetchRequest>(12)?;
+    let (err, hw, bytes) = c.fetch(fetch_v, "acks0", 0, 0)?;
+    ensure!(
+        err == error_code::NONE && hw == 2,
+        "Fetch after acks=0: error {err}, high watermark {hw}"
+    );
+    let values: Vec<String> = common::decode_values(bytes)?
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    ensure!(
+        values == ["fire", "forget"],
+        "acks=0 records read back as {values:?}"
+    );
+    Ok(())
+}
