@@ -106,8 +106,8 @@ pub fn client_config(bootstrap: &str) -> ClientConfig {
 }
 
 /// Reads every record of `topic` partitions `0..partitions` from the beginning until each
-/// partition reached its high watermark as reported by the broker (queried after `settle`),
-/// or fails after `timeout`. Uses `assign`, no consumer group.
+/// partition reached its high watermark as the broker reported it before the read,
+/// or fails after `timeout`. Uses `assign`: no group is joined and nothing is committed.
 pub fn read_all(
     bootstrap: &str,
     topic: &str,
