@@ -108,3 +108,17 @@ fn kafka_python_admin_client() -> Result<()> {
     ensure!(out.contains("\"partitions\": 3"), "script printed: {out}");
     Ok(())
 }
+
+/// Kafka's ListOffsets by timestamp answers the first RECORD whose timestamp is >= the target,
+/// looking inside batches (librdkafka's own test 0054_offset_time checks this too).
+#[test]
+fn kafka_python_offsets_for_times_is_record_exact() -> Result<()> {
+    let Some(py) = python() else {
+        eprintln!("SKIPPED kafka_python_offsets_for_times_is_record_exact: no python with kafka-python (set ONCEFLOW_PYTHON or run scripts/ci-setup.sh)");
+        return Ok(());
+    };
+    let broker = BrokerProcess::spawn(Storage::InMemory, &[])?;
+    let out = run_script(&py, &broker, &["py-offsets", "500", "offsets"])?;
+    ensure!(out.contains("\"by_time\": 250"), "script printed: {out}");
+    Ok(())
+}
