@@ -496,3 +496,70 @@ async fn metadata_v0_empty_list_means_all_topics() -> Result<()> {
     broker.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_offsets_earliest_latest_by_time_and_max_timestamp() -> Result<()> {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
+    let broker = onceflow_broker::start(BrokerConfig::default()).await?;
+    let mut c = Raw::connect(&broker).await?;
+    // Three batches; record timestamps are 1000 + index within each batch.
+    for values in [&["a", "b"][..], &["c"][..], &["d", "e", "f"][..]] {
+        let r: ProduceResponse = c
+            .call(
+                ApiKey::Produce,
+                9,
+                &produce_request("lo", 1, batch(values)?),
+            )
+            .await?;
+        ensure!(r.responses[0].partition_responses[0].error_code == 0);
+    }
+    let query = |timestamp: i64| {
+        ListOffsetsRequest::default()
+            .with_replica_id(kafka_protocol::messages::BrokerId(-1))
+            .with_topics(vec![ListOffsetsTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("lo")))
+                .with_partitions(vec![ListOffsetsPartition::default()
+                    .with_partition_index(0)
+                    .with_timestamp(timestamp)])])
+    };
+    let mut answers = Vec::new();
+    for ts in [-2, -1, -3, 1_001, 1_003] {
+        let r: ListOffsetsResponse = c.call(ApiKey::ListOffsets, 7, &query(ts)).await?;
+        let p = &r.topics[0].partitions[0];
+        ensure!(p.error_code == 0, "{ts}: {p:?}");
+        answers.push((p.offset, p.timestamp));
+    }
+    ensure!(answers[0] == (0, -1), "earliest {:?}", answers[0]);
+    ensure!(answers[1] == (6, -1), "latest {:?}", answers[1]);
+    // The largest timestamp (1002) is in the last batch.
+    ensure!(
+        answers[2].1 == 1_002 && (3..=5).contains(&answers[2].0),
+        "max {:?}",
+        answers[2]
+    );
+    // The first batch whose records reach 1001 starts at offset 1 ("b", its own batch).
+    ensure!(
+        answers[3].0 <= 1 && answers[3].1 >= 1_001,
+        "by time {:?}",
+        answers[3]
+    );
+    ensure!(
+        answers[4] == (-1, -1),
+        "after the last timestamp {:?}",
+        answers[4]
+    );
+    // v1 (no leader epoch field) and an unknown partition.
+    let r: ListOffsetsResponse = c.call(ApiKey::ListOffsets, 1, &query(-1)).await?;
+    ensure!(r.topics[0].partitions[0].offset == 6);
+    let mut missing = query(-1);
+    missing.topics[0].partitions[0].partition_index = 9;
+    let r: ListOffsetsResponse = c.call(ApiKey::ListOffsets, 7, &missing).await?;
+    ensure!(
+        r.topics[0].partitions[0].error_code == 3,
+        "{:?}",
+        r.topics[0].partitions[0]
+    );
+    broker.shutdown().await;
+    Ok(())
+}
