@@ -81,6 +81,23 @@ fn produce(bootstrap: &str, topic: &str, count: usize, value_len: usize) -> Resu
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .context("warm-up metadata")?;
     let value = vec![b'v'; value_len];
+    // One record first so the producer id is acquired (InitProducerId) and the connection is
+    // up before the clock starts; librdkafka otherwise stalls ~0.5 s on the first batch.
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(0)
+                .key("warm-up")
+                .payload(&value),
+        )
+        .map_err(|(e, _)| anyhow!("warm-up send: {e}"))?;
+    producer
+        .flush(Duration::from_secs(30))
+        .context("warm-up flush")?;
+    if counts.ok.load(Ordering::Relaxed) != 1 {
+        bail!("warm-up record not delivered");
+    }
+    counts.ok.store(0, Ordering::Relaxed);
     let keys: Vec<String> = (0..count).map(|i| format!("key-{i:09}")).collect();
     let start = Instant::now();
     for (i, key) in keys.iter().enumerate() {
@@ -99,8 +116,17 @@ fn produce(bootstrap: &str, topic: &str, count: usize, value_len: usize) -> Resu
             }
         }
     }
-    producer.flush(Duration::from_secs(300)).context("flush")?;
+    // Serve delivery reports until all are in: rust-rdkafka's flush() waits in 100 ms steps,
+    // which would round every measurement up.
+    let deadline = start + Duration::from_secs(300);
+    while counts.ok.load(Ordering::Relaxed) + counts.failed.load(Ordering::Relaxed) < count as u64 {
+        if Instant::now() > deadline {
+            bail!("delivery reports still missing after 300 s");
+        }
+        producer.poll(Duration::from_millis(1));
+    }
     let elapsed = start.elapsed();
+    producer.flush(Duration::from_secs(10)).context("flush")?;
     let (ok, failed) = (
         counts.ok.load(Ordering::Relaxed),
         counts.failed.load(Ordering::Relaxed),
@@ -228,6 +254,27 @@ fn rate(n: f64, d: Duration) -> f64 {
     n / d.as_secs_f64().max(1e-9)
 }
 
+/// nproc, CPU model and load average, for the record.
+fn machine_summary() -> String {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "Machine: {cpus} CPUs ({model}), load average {} at start.",
+        load.join(" ")
+    )
+}
+
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick")
         || std::env::var("ONCEFLOW_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
@@ -250,6 +297,14 @@ fn main() -> Result<()> {
         "produce_fetch: {} mode, {PARTITIONS} partitions, median of {reps}",
         if quick { "quick" } else { "full" }
     );
+    // Run a private copy of the broker binary: the target directory may be shared with other
+    // checkouts whose builds would replace it in the middle of a run.
+    let bin_dir = tempfile::tempdir()?;
+    let bin_copy = bin_dir.path().join("onceflow-broker");
+    std::fs::copy(common::broker_binary(), &bin_copy).context("copy the broker binary")?;
+    std::env::set_var(common::BROKER_BIN_ENV, &bin_copy);
+    println!("{}", machine_summary());
+    println!();
     let mut rows = Vec::new();
     for (value_len, count, window) in sizes {
         for (t, target) in targets.iter().enumerate() {

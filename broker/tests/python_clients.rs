@@ -1,6 +1,7 @@
 //! A client that is not librdkafka: kafka-python (pure Python, from PyPI) produces with an
-//! idempotent gzip producer and consumes (assign, no group) against the broker binary, and reads
-//! back records that rdkafka wrote. The interpreter comes from `ONCEFLOW_PYTHON` or the
+//! idempotent gzip producer, consumes (assign, no group), looks offsets up by time, reads back
+//! records that rdkafka wrote, and runs its admin client (create, describe, configs, delete)
+//! against the broker binary. The interpreter comes from `ONCEFLOW_PYTHON` or the
 //! workspace's `.venv/bin/python` (made by `scripts/ci-setup.sh`); without it the test skips
 //! with a notice.
 
@@ -93,5 +94,31 @@ fn kafka_python_reads_what_rdkafka_wrote() -> Result<()> {
     produce_acked(&broker.bootstrap(), "from-rdkafka", &records).context("rdkafka produce")?;
     let out = run_script(&py, &broker, &["from-rdkafka", "300", "consume-only"])?;
     ensure!(out.contains("\"consumed\": 300"), "script printed: {out}");
+    Ok(())
+}
+
+#[test]
+fn kafka_python_admin_client() -> Result<()> {
+    let Some(py) = python() else {
+        eprintln!("SKIPPED kafka_python_admin_client: no python with kafka-python (set ONCEFLOW_PYTHON or run scripts/ci-setup.sh)");
+        return Ok(());
+    };
+    let broker = BrokerProcess::spawn(Storage::InMemory, &["--no-auto-create-topics"])?;
+    let out = run_script(&py, &broker, &["py-admin", "3", "admin"])?;
+    ensure!(out.contains("\"partitions\": 3"), "script printed: {out}");
+    Ok(())
+}
+
+/// Kafka's ListOffsets by timestamp answers the first RECORD whose timestamp is >= the target,
+/// looking inside batches (librdkafka's own test 0054_offset_time checks this too).
+#[test]
+fn kafka_python_offsets_for_times_is_record_exact() -> Result<()> {
+    let Some(py) = python() else {
+        eprintln!("SKIPPED kafka_python_offsets_for_times_is_record_exact: no python with kafka-python (set ONCEFLOW_PYTHON or run scripts/ci-setup.sh)");
+        return Ok(());
+    };
+    let broker = BrokerProcess::spawn(Storage::InMemory, &[])?;
+    let out = run_script(&py, &broker, &["py-offsets", "500", "offsets"])?;
+    ensure!(out.contains("\"by_time\": 250"), "script printed: {out}");
     Ok(())
 }

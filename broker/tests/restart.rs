@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use common::{
-    idempotent_producer, produce_acked, read_all, send_all, Acks, BrokerProcess, Storage,
+    idempotent_producer_with, produce_acked, read_all, send_all, Acks, BrokerProcess, Storage,
     TestRecord,
 };
 use rand::Rng;
@@ -108,17 +108,43 @@ fn verify(read: &[common::ReadRecord], records: &[TestRecord], acks: &Acks) -> R
 
 #[test]
 fn acknowledged_records_survive_repeated_kill_9() -> Result<()> {
+    // Small segments: recovery must walk many segment files and their indexes.
+    kill_9_while_producing("restart-kill9", "none", "65536")
+}
+
+#[test]
+fn acknowledged_lz4_records_survive_repeated_kill_9() -> Result<()> {
+    kill_9_while_producing("restart-kill9-lz4", "lz4", "67108864")
+}
+
+#[test]
+fn acknowledged_zstd_records_survive_repeated_kill_9() -> Result<()> {
+    kill_9_while_producing("restart-kill9-zstd", "zstd", "67108864")
+}
+
+/// An idempotent producer (`compression`) writes 20k records over 4 partitions while the
+/// broker is SIGKILLed 3 times at random points and restarted on the same dir and port.
+fn kill_9_while_producing(
+    topic: &'static str,
+    compression: &'static str,
+    segment_bytes: &str,
+) -> Result<()> {
     const PARTITIONS: i32 = 4;
     const RECORDS: usize = 20_000;
     const KILLS: usize = 3;
-    let topic = "restart-kill9";
     let data = tempfile::tempdir()?;
     let storage = Storage::Durable {
         dir: data.path().to_path_buf(),
         fsync: "every-batch".into(),
     };
-    let mut broker =
-        BrokerProcess::spawn(storage, &["--default-partitions", &PARTITIONS.to_string()])?;
+    let partitions = PARTITIONS.to_string();
+    let flags = [
+        "--default-partitions",
+        &partitions,
+        "--segment-bytes",
+        segment_bytes,
+    ];
+    let mut broker = BrokerProcess::spawn(storage, &flags)?;
     let bootstrap = broker.bootstrap();
 
     let records: Vec<TestRecord> = (0..RECORDS)
@@ -134,7 +160,7 @@ fn acknowledged_records_survive_repeated_kill_9() -> Result<()> {
             done.clone(),
         );
         std::thread::spawn(move || -> Result<()> {
-            let producer = idempotent_producer(&bootstrap, &acks)?;
+            let producer = idempotent_producer_with(&bootstrap, &acks, compression)?;
             let result = send_all(&producer, topic, &records, 4_000);
             let flushed = producer.flush(Duration::from_secs(100));
             done.store(true, Ordering::SeqCst);
@@ -276,7 +302,9 @@ fn torn_tail_is_truncated_and_never_served() -> Result<()> {
         dir: data.path().to_path_buf(),
         fsync: "every-batch".into(),
     };
-    let mut broker = BrokerProcess::spawn(storage, &["--default-partitions", "1"])?;
+    // 16 KiB segments: each round rolls new segments, so the damaged one is a later segment.
+    let flags = ["--default-partitions", "1", "--segment-bytes", "16384"];
+    let mut broker = BrokerProcess::spawn(storage, &flags)?;
     let mut all: Vec<TestRecord> = Vec::new();
     let mut rng = rand::rng();
 

@@ -106,8 +106,8 @@ pub fn client_config(bootstrap: &str) -> ClientConfig {
 }
 
 /// Reads every record of `topic` partitions `0..partitions` from the beginning until each
-/// partition reached its high watermark as reported by the broker (queried after `settle`),
-/// or fails after `timeout`. Uses `assign`, no consumer group.
+/// partition reached its high watermark as the broker reported it before the read,
+/// or fails after `timeout`. Uses `assign`: no group is joined and nothing is committed.
 pub fn read_all(
     bootstrap: &str,
     topic: &str,
@@ -123,12 +123,14 @@ pub fn read_all(
         .create()
         .context("create consumer")?;
     let deadline = Instant::now() + timeout;
+    // Watermarks come quickly from a healthy broker; do not spend the whole budget retrying.
+    let watermark_deadline = deadline.min(Instant::now() + Duration::from_secs(10));
     let mut ends = BTreeMap::new();
     for p in 0..partitions {
         let (low, high) = loop {
             match consumer.fetch_watermarks(topic, p, Duration::from_secs(5)) {
                 Ok(w) => break w,
-                Err(e) if Instant::now() < deadline => {
+                Err(e) if Instant::now() < watermark_deadline => {
                     eprintln!("fetch_watermarks {topic}/{p}: {e}; retrying");
                     std::thread::sleep(Duration::from_millis(200));
                 }
@@ -225,8 +227,18 @@ impl ProducerContext for AckContext {
 
 /// An idempotent producer with small batches and a long message timeout.
 pub fn idempotent_producer(bootstrap: &str, acks: &Arc<Acks>) -> Result<BaseProducer<AckContext>> {
+    idempotent_producer_with(bootstrap, acks, "none")
+}
+
+/// [`idempotent_producer`] with `compression.type` set to `compression`.
+pub fn idempotent_producer_with(
+    bootstrap: &str,
+    acks: &Arc<Acks>,
+    compression: &str,
+) -> Result<BaseProducer<AckContext>> {
     let producer = client_config(bootstrap)
         .set("enable.idempotence", "true")
+        .set("compression.type", compression)
         .set("linger.ms", "2")
         .set("batch.num.messages", "200")
         .set("message.timeout.ms", "90000")

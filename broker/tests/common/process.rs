@@ -14,9 +14,16 @@ use anyhow::{anyhow, bail, Context as _, Result};
 /// How long a spawned broker may take to print its `listening on` line.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Path of the broker binary cargo built for these tests.
-pub fn broker_binary() -> &'static str {
-    env!("CARGO_BIN_EXE_onceflow-broker")
+/// Environment variable naming a broker binary to run instead of the one cargo built.
+pub const BROKER_BIN_ENV: &str = "ONCEFLOW_BROKER_BIN";
+
+/// Path of the broker binary: `$ONCEFLOW_BROKER_BIN` if set, else the one cargo built for
+/// these tests.
+pub fn broker_binary() -> PathBuf {
+    match std::env::var_os(BROKER_BIN_ENV) {
+        Some(path) => PathBuf::from(path),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_onceflow-broker")),
+    }
 }
 
 /// Where a spawned broker keeps its log.
@@ -227,7 +234,7 @@ fn spawn_child(
         .stderr(Stdio::from(log_file));
     let mut child = cmd
         .spawn()
-        .with_context(|| format!("spawn {}", broker_binary()))?;
+        .with_context(|| format!("spawn {}", broker_binary().display()))?;
     let stdout = child
         .stdout
         .take()
