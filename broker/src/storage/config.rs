@@ -1,0 +1,111 @@
+//! Storage configuration: where the log lives, when segments roll and when data is fsynced.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// When appended data is forced to stable storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// fsync the segment before `Partition::append` returns: every acknowledged batch survives
+    /// a kill -9 or power loss.
+    EveryBatch,
+    /// A background thread started by `Store::open` calls `Store::flush_all` at this interval.
+    Interval(Duration),
+    /// Never fsync on the append path; only `Store::flush_all` (shutdown) and segment rolls sync.
+    Never,
+}
+
+impl Default for FsyncPolicy {
+    fn default() -> Self {
+        FsyncPolicy::EveryBatch
+    }
+}
+
+/// The reason a `--fsync` value was refused (the operator's input error; retrying will not help).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid fsync policy {0:?}: expected every-batch, interval-ms:N (N >= 1) or never")]
+pub struct ParseFsyncPolicyError(pub String);
+
+impl FromStr for FsyncPolicy {
+    type Err = ParseFsyncPolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "every-batch" => Ok(FsyncPolicy::EveryBatch),
+            "never" => Ok(FsyncPolicy::Never),
+            other => {
+                let ms = other
+                    .strip_prefix("interval-ms:")
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| ParseFsyncPolicyError(other.to_string()))?;
+                Ok(FsyncPolicy::Interval(Duration::from_millis(ms)))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for FsyncPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FsyncPolicy::EveryBatch => f.write_str("every-batch"),
+            FsyncPolicy::Interval(d) => write!(f, "interval-ms:{}", d.as_millis()),
+            FsyncPolicy::Never => f.write_str("never"),
+        }
+    }
+}
+
+/// Default segment size: 64 MiB.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Configuration of a [`Store`](super::Store).
+#[derive(Debug, Clone)]
+pub struct StorageConfig {
+    /// Directory holding the log. `None` selects the in-memory backend, which runs the same
+    /// code above the storage seam but keeps nothing across processes.
+    pub data_dir: Option<PathBuf>,
+    /// Roll to a new segment once the active one would grow past this many bytes.
+    pub segment_bytes: u64,
+    /// When appended data is fsynced.
+    pub fsync: FsyncPolicy,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        StorageConfig {
+            data_dir: None,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            fsync: FsyncPolicy::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fsync_policy_parses_and_displays() {
+        assert_eq!("every-batch".parse(), Ok(FsyncPolicy::EveryBatch));
+        assert_eq!("never".parse(), Ok(FsyncPolicy::Never));
+        assert_eq!(
+            "interval-ms:250".parse(),
+            Ok(FsyncPolicy::Interval(Duration::from_millis(250)))
+        );
+        for bad in [
+            "",
+            "interval-ms:",
+            "interval-ms:0",
+            "interval-ms:-1",
+            "always",
+            "interval:5",
+        ] {
+            assert!(bad.parse::<FsyncPolicy>().is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(
+            FsyncPolicy::Interval(Duration::from_millis(7)).to_string(),
+            "interval-ms:7"
+        );
+    }
+}
