@@ -55,7 +55,9 @@ async fn produce(bootstrap: &str, topic: &str, partitions: i32, per_partition: u
             let value = format!("p{p}-{i}");
             producer
                 .send(
-                    FutureRecord::<(), _>::to(topic).partition(p).payload(&value),
+                    FutureRecord::<(), _>::to(topic)
+                        .partition(p)
+                        .payload(&value),
                     Duration::from_secs(10),
                 )
                 .await
@@ -65,7 +67,12 @@ async fn produce(bootstrap: &str, topic: &str, partitions: i32, per_partition: u
 }
 
 fn consumer(bootstrap: &str, group: &str) -> StreamConsumer {
+    consumer_with(bootstrap, group, "range,roundrobin")
+}
+
+fn consumer_with(bootstrap: &str, group: &str, assignor: &str) -> StreamConsumer {
     ClientConfig::new()
+        .set("partition.assignment.strategy", assignor)
         .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
         .set("client.id", "groups-test")
@@ -79,7 +86,10 @@ fn consumer(bootstrap: &str, group: &str) -> StreamConsumer {
 }
 
 /// Drives a consumer (rebalances only progress while it is polled) and records what it reads.
-fn drive(consumer: Arc<StreamConsumer>, seen: Arc<Mutex<Vec<String>>>) -> tokio::task::JoinHandle<()> {
+fn drive(
+    consumer: Arc<StreamConsumer>,
+    seen: Arc<Mutex<Vec<String>>>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             match consumer.recv().await {
@@ -103,7 +113,10 @@ fn assignment(consumer: &StreamConsumer) -> BTreeSet<i32> {
 
 /// Waits until the consumers' assignments are disjoint and cover `0..partitions`, and each
 /// consumer owns at least one partition.
-async fn wait_for_exclusive_cover(consumers: &[Arc<StreamConsumer>], partitions: i32) -> Vec<BTreeSet<i32>> {
+async fn wait_for_exclusive_cover(
+    consumers: &[Arc<StreamConsumer>],
+    partitions: i32,
+) -> Vec<BTreeSet<i32>> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
         let owned: Vec<BTreeSet<i32>> = consumers.iter().map(|c| assignment(c)).collect();
@@ -113,11 +126,15 @@ async fn wait_for_exclusive_cover(consumers: &[Arc<StreamConsumer>], partitions:
                 *count.entry(*p).or_default() += 1;
             }
         }
-        let covered = (0..partitions).all(|p| count.get(&p) == Some(&1)) && count.len() == partitions as usize;
+        let covered = (0..partitions).all(|p| count.get(&p) == Some(&1))
+            && count.len() == partitions as usize;
         if covered && owned.iter().all(|s| !s.is_empty()) {
             return owned;
         }
-        assert!(Instant::now() < deadline, "no exclusive assignment within {TIMEOUT:?}: {owned:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no exclusive assignment within {TIMEOUT:?}: {owned:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -131,11 +148,13 @@ async fn close(consumer: Arc<StreamConsumer>, task: tokio::task::JoinHandle<()>)
         .expect("consumer closed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_consumers_share_six_partitions_and_rebalance_when_one_leaves() {
+/// Three consumers with `assignor` on a 6-partition topic: each partition owned exactly once;
+/// after one leaves the two others own all six.
+async fn share_six_partitions(assignor: &str) {
     let broker = broker(None).await;
     let bootstrap = broker.bootstrap_servers();
     let topic = "groups-six";
+    let group = format!("g-six-{assignor}");
     create_topic(&bootstrap, topic, 6).await;
     produce(&bootstrap, topic, 6, 5).await;
 
@@ -143,13 +162,16 @@ async fn three_consumers_share_six_partitions_and_rebalance_when_one_leaves() {
     let mut consumers = Vec::new();
     let mut tasks = Vec::new();
     for _ in 0..3 {
-        let c = Arc::new(consumer(&bootstrap, "g-six"));
+        let c = Arc::new(consumer_with(&bootstrap, &group, assignor));
         c.subscribe(&[topic]).expect("subscribe");
         tasks.push(drive(Arc::clone(&c), Arc::clone(&seen)));
         consumers.push(c);
     }
     let owned = wait_for_exclusive_cover(&consumers, 6).await;
-    assert!(owned.iter().all(|s| s.len() == 2), "6 partitions over 3 members: {owned:?}");
+    assert!(
+        owned.iter().all(|s| s.len() == 2),
+        "6 partitions over 3 members: {owned:?}"
+    );
 
     // Every record is read (once per assignment; nothing was committed, so a rebalance could
     // only repeat, never skip).
@@ -159,7 +181,11 @@ async fn three_consumers_share_six_partitions_and_rebalance_when_one_leaves() {
         if distinct.len() == 30 {
             break;
         }
-        assert!(Instant::now() < deadline, "read {} of 30 records", distinct.len());
+        assert!(
+            Instant::now() < deadline,
+            "read {} of 30 records",
+            distinct.len()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -169,12 +195,30 @@ async fn three_consumers_share_six_partitions_and_rebalance_when_one_leaves() {
     close(leaving, leaving_task).await;
     let owned = wait_for_exclusive_cover(&consumers, 6).await;
     assert_eq!(owned.iter().map(BTreeSet::len).sum::<usize>(), 6);
-    assert!(owned.iter().all(|s| s.len() == 3), "6 partitions over 2 members: {owned:?}");
+    assert!(
+        owned.iter().all(|s| s.len() == 3),
+        "6 partitions over 2 members: {owned:?}"
+    );
 
     for (c, t) in consumers.into_iter().zip(tasks) {
         close(c, t).await;
     }
     broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn range_assignor_three_consumers_six_partitions_rebalance_on_leave() {
+    share_six_partitions("range").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roundrobin_assignor_three_consumers_six_partitions_rebalance_on_leave() {
+    share_six_partitions("roundrobin").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_sticky_assignor_three_consumers_six_partitions_rebalance_on_leave() {
+    share_six_partitions("cooperative-sticky").await;
 }
 
 /// Reads exactly `n` records from `consumer` (in order within the single partition).
@@ -185,7 +229,10 @@ async fn read_n(consumer: &StreamConsumer, n: usize) -> Vec<String> {
             .await
             .expect("a record within the timeout")
             .expect("no consumer error");
-        let value = message.payload_view::<str>().and_then(Result::ok).unwrap_or("");
+        let value = message
+            .payload_view::<str>()
+            .and_then(Result::ok)
+            .unwrap_or("");
         out.push(value.to_owned());
     }
     out
@@ -194,8 +241,9 @@ async fn read_n(consumer: &StreamConsumer, n: usize) -> Vec<String> {
 async fn committed(consumer: &StreamConsumer, topic: &str) -> Offset {
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, 0);
-    let consumer_tpl = tokio::task::block_in_place(|| consumer.committed_offsets(tpl, Duration::from_secs(10)))
-        .expect("committed offsets");
+    let consumer_tpl =
+        tokio::task::block_in_place(|| consumer.committed_offsets(tpl, Duration::from_secs(10)))
+            .expect("committed offsets");
     consumer_tpl.elements()[0].offset()
 }
 
@@ -214,7 +262,9 @@ async fn committed_offsets_resume_without_loss_or_repetition() {
     assert_eq!(read, expected);
     tokio::task::block_in_place(|| first.commit_consumer_state(CommitMode::Sync)).expect("commit");
     assert_eq!(committed(&first, topic).await, Offset::Offset(40));
-    tokio::task::spawn_blocking(move || drop(first)).await.unwrap();
+    tokio::task::spawn_blocking(move || drop(first))
+        .await
+        .unwrap();
 
     // A restarted consumer of the group continues at the committed offset.
     let second = consumer(&bootstrap, "g-resume");
@@ -223,8 +273,14 @@ async fn committed_offsets_resume_without_loss_or_repetition() {
     let expected: Vec<String> = (40..100).map(|i| format!("p0-{i}")).collect();
     assert_eq!(read, expected, "no record lost or repeated");
     // Nothing more arrives.
-    assert!(tokio::time::timeout(Duration::from_millis(500), second.recv()).await.is_err());
-    tokio::task::spawn_blocking(move || drop(second)).await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), second.recv())
+            .await
+            .is_err()
+    );
+    tokio::task::spawn_blocking(move || drop(second))
+        .await
+        .unwrap();
     broker.shutdown().await;
 }
 
