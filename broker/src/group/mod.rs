@@ -18,6 +18,8 @@
 //! roundrobin, cooperative-sticky) and the coordinator relays its bytes.
 
 pub mod coordinator;
+#[cfg(test)]
+mod coordinator_tests;
 pub mod liveness;
 pub mod machine;
 #[cfg(test)]
