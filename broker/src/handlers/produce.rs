@@ -32,7 +32,7 @@ pub async fn handle(
         .transactional_id
         .as_ref()
         .is_some_and(|t| !t.0.is_empty());
-    let acks_ok = matches!(req.acks, 0 | 1 | -1);
+    let acks_ok = (-1..=1).contains(&req.acks);
     let mut names: Vec<TopicName> = Vec::with_capacity(req.topic_data.len());
     let mut jobs = Vec::new();
     for (topic_no, topic) in req.topic_data.into_iter().enumerate() {
