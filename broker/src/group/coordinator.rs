@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
@@ -20,6 +20,9 @@ use super::machine::{
 };
 use super::offsets::{CommittedOffset, OffsetStore, TopicPartition};
 use super::{ErrorCode, GroupConfig, Result};
+
+/// How often the timer forces offsets written without fsync to disk.
+const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Name of the directory under the broker's data directory that holds the group offsets.
 pub const OFFSETS_DIR: &str = "__group_offsets";
@@ -197,6 +200,7 @@ impl GroupCoordinator {
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(every);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_sync = Instant::now();
             loop {
                 interval.tick().await;
                 let Some(coordinator) = weak.upgrade() else {
@@ -206,6 +210,15 @@ impl GroupCoordinator {
                     break;
                 }
                 coordinator.tick();
+                if last_sync.elapsed() >= SYNC_INTERVAL {
+                    last_sync = Instant::now();
+                    let store = coordinator.offsets.clone();
+                    drop(coordinator);
+                    let synced = tokio::task::spawn_blocking(move || store.sync_if_dirty()).await;
+                    if let Ok(Err(e)) = synced {
+                        tracing::warn!(error = %e, "syncing group offsets failed");
+                    }
+                }
             }
         })
     }

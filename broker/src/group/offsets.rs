@@ -68,6 +68,8 @@ struct Inner {
     seq: u64,
     log: Option<OffsetsLog>,
     fsync_every_write: bool,
+    /// Appended changes not yet fsynced.
+    dirty: bool,
     closed: bool,
 }
 
@@ -244,6 +246,7 @@ impl OffsetStore {
         let sync = durable && inner.fsync_every_write;
         if let Some(log) = inner.log.as_mut() {
             log.append_with(&record, sync)?;
+            inner.dirty |= !sync;
         }
         inner.apply(record);
         self.maybe_compact(&mut inner)?;
@@ -402,12 +405,36 @@ impl OffsetStore {
         out
     }
 
+    /// Every (group, producer id) with transactional offsets still pending, sorted: what the
+    /// transaction coordinator must resolve with [`OffsetStore::complete_txn`] after recovery.
+    pub fn pending_transactions(&self) -> Vec<(String, i64)> {
+        let mut out: Vec<(String, i64)> = self
+            .lock()
+            .pending
+            .iter()
+            .flat_map(|(group, by_producer)| by_producer.keys().map(|id| (group.clone(), *id)))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Forces every appended change to disk.
     pub fn sync(&self) -> Result<()> {
-        match self.lock().log.as_mut() {
+        let mut inner = self.lock();
+        inner.dirty = false;
+        match inner.log.as_mut() {
             Some(log) => log.sync(),
             None => Ok(()),
         }
+    }
+
+    /// Forces appended changes to disk if some were written without fsync (the coordinator's
+    /// timer calls this about once a second).
+    pub fn sync_if_dirty(&self) -> Result<()> {
+        if !self.lock().dirty {
+            return Ok(());
+        }
+        self.sync()
     }
 
     /// Syncs and refuses further changes (broker shutdown).
