@@ -144,6 +144,11 @@ pub fn decode_header(api_key: ApiKey, mut frame: Bytes) -> Result<(RequestHeader
 
 /// Decodes a request body of type `T` at `version`.
 pub fn decode_body<T: Decodable>(api_key: ApiKey, version: i16, mut body: Bytes) -> Result<T> {
+    // The decoder trusts array counts for its allocations; refuse impossible ones first.
+    crate::request_guard::check(api_key, version, &body).map_err(|e| CodecError::Decode {
+        what: format!("{api_key:?} v{version} request"),
+        reason: e.to_string(),
+    })?;
     let decoded = T::decode(&mut body, version).map_err(|e| CodecError::Decode {
         what: format!("{api_key:?} v{version} request"),
         reason: e.to_string(),

@@ -204,6 +204,16 @@ pub fn split_batches(buf: &[u8]) -> Result<Vec<(usize, BatchHeader)>, BatchFault
     }
     while pos < buf.len() {
         let rest = &buf[pos..];
+        // Legacy message sets (magic 0/1) keep the magic byte at the same position: report
+        // them as unsupported rather than as damaged, whatever their length.
+        if let Some(&magic) = rest.get(16) {
+            if magic != 2 {
+                return Err(BatchFault::Invalid(format!(
+                    "record batch magic {} at position {pos} is not supported (only v2)",
+                    magic as i8
+                )));
+            }
+        }
         let size = match peek_size(rest) {
             None => {
                 return Err(BatchFault::Corrupt(format!(
@@ -421,6 +431,11 @@ mod tests {
         let mut neg = one.clone();
         neg[8..12].copy_from_slice(&(-5i32).to_be_bytes());
         assert!(split_batches(&neg).is_err());
+        // A short magic-1 message set is unsupported, not corrupt.
+        let mut v1 = vec![0u8; 30];
+        v1[8..12].copy_from_slice(&18i32.to_be_bytes());
+        v1[16] = 1;
+        assert!(matches!(split_batches(&v1), Err(BatchFault::Invalid(_))));
     }
 
     #[test]

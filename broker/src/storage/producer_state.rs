@@ -106,6 +106,10 @@ impl ProducerStates {
                 got: h.producer_epoch,
             });
         }
+        if h.is_control() {
+            // Transaction markers carry sequence -1: only the epoch counts.
+            return Ok(SequenceCheck::Append);
+        }
         if h.producer_epoch == e.epoch {
             let last_seq = h.last_sequence();
             if let Some(dup) = e
