@@ -102,6 +102,8 @@ pub struct GroupCoordinator {
     started: Instant,
     next_waiter: AtomicU64,
     nonce: u64,
+    /// Set at shutdown: JoinGroup / SyncGroup are refused and waiting ones released.
+    closing: AtomicBool,
     closed: AtomicBool,
 }
 
@@ -156,6 +158,7 @@ impl GroupCoordinator {
             started: Instant::now(),
             next_waiter: AtomicU64::new(1),
             nonce,
+            closing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         })
     }
@@ -295,9 +298,6 @@ impl GroupCoordinator {
         if group_id.is_empty() {
             return JoinResult::error(&member_id, ResponseError::InvalidGroupId.code());
         }
-        if self.closed.load(Ordering::Acquire) {
-            return JoinResult::error(&member_id, ResponseError::CoordinatorNotAvailable.code());
-        }
         if !Group::session_timeout_valid(&self.config, params.session_timeout_ms) {
             return JoinResult::error(&member_id, ResponseError::InvalidSessionTimeout.code());
         }
@@ -305,6 +305,11 @@ impl GroupCoordinator {
         {
             let now = self.now_ms();
             let mut inner = self.lock();
+            // Checked under the lock so that a request is either refused here or registered
+            // before `begin_shutdown` drains the waiters.
+            if self.closing.load(Ordering::Acquire) {
+                return JoinResult::error(&member_id, ResponseError::NotCoordinator.code());
+            }
             if !inner.groups.contains_key(group_id) {
                 if !member_id.is_empty() {
                     return JoinResult::error(&member_id, ResponseError::UnknownMemberId.code());
@@ -341,6 +346,9 @@ impl GroupCoordinator {
         {
             let now = self.now_ms();
             let mut inner = self.lock();
+            if self.closing.load(Ordering::Acquire) {
+                return SyncResult::error(ResponseError::NotCoordinator.code());
+            }
             if !inner.groups.contains_key(group_id) {
                 return SyncResult::error(ResponseError::UnknownMemberId.code());
             }
@@ -584,13 +592,14 @@ impl GroupCoordinator {
         out
     }
 
-    /// Stops the timer, answers waiting requests with COORDINATOR_NOT_AVAILABLE, and syncs and
-    /// closes the offsets store (broker shutdown).
-    pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+    /// First step of a broker shutdown: refuses new JoinGroup / SyncGroup requests and answers
+    /// the waiting ones with NOT_COORDINATOR (as Kafka does when a coordinator unloads a group),
+    /// so that connections parked in a rebalance can finish. Offset commits still work.
+    pub fn begin_shutdown(&self) {
+        self.closing.store(true, Ordering::Release);
         let mut inner = self.lock();
+        let code = ResponseError::NotCoordinator.code();
         for (_, waiter) in inner.waiters.drain() {
-            let code = ResponseError::CoordinatorNotAvailable.code();
             match waiter {
                 Waiter::Join(tx) => {
                     let _ = tx.send(JoinResult::error("", code));
@@ -600,6 +609,13 @@ impl GroupCoordinator {
                 }
             }
         }
+    }
+
+    /// Stops the timer, releases waiting requests, and syncs and closes the offsets store
+    /// (the end of a broker shutdown).
+    pub fn close(&self) {
+        self.begin_shutdown();
+        self.closed.store(true, Ordering::Release);
         if let Err(e) = self.offsets.close() {
             tracing::warn!(error = %e, "syncing group offsets at shutdown failed");
         }
