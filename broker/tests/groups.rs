@@ -346,3 +346,37 @@ async fn group_metrics_are_exported() {
     close(c, task).await;
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_topic_drops_its_committed_offsets() {
+    let broker = broker(None).await;
+    let bootstrap = broker.bootstrap_servers();
+    let topic = "groups-deleted";
+    create_topic(&bootstrap, topic, 1).await;
+    let c = consumer(&bootstrap, "g-deleted");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(7))
+        .expect("offset");
+    tokio::task::block_in_place(|| c.commit(&tpl, CommitMode::Sync)).expect("commit");
+    assert_eq!(committed(&c, topic).await, Offset::Offset(7));
+
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .expect("admin client");
+    for result in admin
+        .delete_topics(&[topic], &AdminOptions::new())
+        .await
+        .expect("delete topics")
+    {
+        result.expect("topic deleted");
+    }
+    create_topic(&bootstrap, topic, 1).await;
+    assert_eq!(
+        committed(&c, topic).await,
+        Offset::Invalid,
+        "a recreated topic does not inherit the old offsets"
+    );
+    tokio::task::spawn_blocking(move || drop(c)).await.unwrap();
+    broker.shutdown().await;
+}
