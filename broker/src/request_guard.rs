@@ -155,8 +155,23 @@ fn min_len(flexible: bool, classic: usize) -> usize {
     }
 }
 
-/// Walks a request body of `api` at `version` (whose header has been consumed). Only the
-/// APIs in the advertised table are known; others pass unchecked.
+/// Advertised APIs whose request bodies hold no arrays, so the decoder cannot over-reserve.
+pub const WITHOUT_ARRAYS: &[ApiKey] = &[ApiKey::ApiVersions, ApiKey::InitProducerId];
+
+/// APIs this module walks. Every API added to the advertised table must be here (with a walk
+/// below) or in [`WITHOUT_ARRAYS`]; a unit test enforces it.
+pub const WALKED: &[ApiKey] = &[
+    ApiKey::Produce,
+    ApiKey::Fetch,
+    ApiKey::ListOffsets,
+    ApiKey::Metadata,
+    ApiKey::CreateTopics,
+    ApiKey::DeleteTopics,
+    ApiKey::DescribeConfigs,
+];
+
+/// Walks a request body of `api` at `version` (whose header has been consumed). APIs not in
+/// [`WALKED`] pass unchecked.
 pub fn check(api: ApiKey, version: i16, body: &[u8]) -> Result<()> {
     walk(api, version, body).map(|_| ())
 }

@@ -14,7 +14,7 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Encodable, StrBytes};
 
-use super::{check, walk, GuardError};
+use super::{check, walk, GuardError, WALKED, WITHOUT_ARRAYS};
 use crate::handlers::api_versions::SUPPORTED;
 
 fn name(s: &'static str) -> TopicName {
@@ -227,4 +227,23 @@ fn absurd_array_counts_are_refused() {
 fn apis_without_arrays_pass_unwalked() {
     assert_eq!(check(ApiKey::ApiVersions, 3, &[1, 2, 3]), Ok(()));
     assert_eq!(check(ApiKey::InitProducerId, 4, &[]), Ok(()));
+}
+
+#[test]
+fn every_advertised_api_is_guarded() {
+    for &(api, min, max) in SUPPORTED {
+        assert!(
+            WALKED.contains(&api) || WITHOUT_ARRAYS.contains(&api),
+            "{api:?} is advertised but request_guard.rs neither walks it nor lists it as \
+             array-free: add a walk (the decoder would trust its array counts)"
+        );
+        if WALKED.contains(&api) {
+            for version in min..=max {
+                assert!(
+                    sample(api, version).is_some(),
+                    "no sample for {api:?} v{version}"
+                );
+            }
+        }
+    }
 }

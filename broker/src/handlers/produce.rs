@@ -79,24 +79,17 @@ pub async fn handle(
         names.push(topic.name);
     }
 
+    let targets: Vec<_> = jobs
+        .iter()
+        .map(|j| j.target.as_ref().ok().cloned())
+        .collect();
     let outcomes = if state.is_durable() {
-        let durable_jobs: Vec<_> = jobs
-            .iter()
-            .map(|j| j.target.as_ref().ok().cloned())
-            .collect();
-        match tokio::task::spawn_blocking(move || append_all(durable_jobs)).await {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
-                tracing::error!(error = %e, "append task failed");
-                jobs.iter().map(|_| None).collect()
-            }
-        }
+        append_in_parallel(targets).await
     } else {
-        append_all(
-            jobs.iter()
-                .map(|j| j.target.as_ref().ok().cloned())
-                .collect(),
-        )
+        targets
+            .into_iter()
+            .map(|job| job.map(|(partition, records)| partition.append(records)))
+            .collect()
     };
 
     let mut appended = false;
@@ -161,10 +154,45 @@ pub async fn handle(
 
 type AppendResult = Result<AppendOutcome, AppendError>;
 
-fn append_all(jobs: Vec<Option<(Arc<Partition>, Bytes)>>) -> Vec<Option<AppendResult>> {
-    jobs.into_iter()
-        .map(|job| job.map(|(partition, records)| partition.append(records)))
-        .collect()
+/// Appends on the blocking pool, one task per partition so their fsyncs overlap; appends
+/// to the same partition stay in request order. `None` marks a task that died.
+async fn append_in_parallel(
+    jobs: Vec<Option<(Arc<Partition>, Bytes)>>,
+) -> Vec<Option<AppendResult>> {
+    // (partition, [(job slot, records)])
+    type Group = (Arc<Partition>, Vec<(usize, Bytes)>);
+    let mut groups: Vec<Group> = Vec::new();
+    for (slot, job) in jobs.iter().enumerate() {
+        if let Some((partition, records)) = job {
+            match groups.iter_mut().find(|(p, _)| Arc::ptr_eq(p, partition)) {
+                Some((_, group)) => group.push((slot, records.clone())),
+                None => groups.push((Arc::clone(partition), vec![(slot, records.clone())])),
+            }
+        }
+    }
+    let tasks: Vec<_> = groups
+        .into_iter()
+        .map(|(partition, group)| {
+            tokio::task::spawn_blocking(move || {
+                group
+                    .into_iter()
+                    .map(|(slot, records)| (slot, partition.append(records)))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut outcomes: Vec<Option<AppendResult>> = jobs.iter().map(|_| None).collect();
+    for task in tasks {
+        match task.await {
+            Ok(results) => {
+                for (slot, result) in results {
+                    outcomes[slot] = Some(result);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "append task failed"),
+        }
+    }
+    outcomes
 }
 
 /// The Kafka error code (and message) for a refused append.

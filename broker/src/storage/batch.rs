@@ -95,7 +95,9 @@ fn be_i64(b: &[u8], at: usize) -> i64 {
 impl BatchHeader {
     /// The batch's last offset.
     pub fn last_offset(&self) -> i64 {
-        self.base_offset + i64::from(self.last_offset_delta)
+        // Saturating: headers read back from a damaged file must not overflow.
+        self.base_offset
+            .saturating_add(i64::from(self.last_offset_delta))
     }
     /// Whether the batch belongs to a transaction.
     pub fn is_transactional(&self) -> bool {
@@ -244,10 +246,12 @@ pub fn set_base_offset(batch: &mut [u8], base_offset: i64) {
 /// `sequence + increment`, wrapping past `i32::MAX` to 0 as Kafka's
 /// `DefaultRecordBatch.incrementSequence` does.
 pub fn increment_sequence(sequence: i32, increment: i32) -> i32 {
-    if sequence > i32::MAX - increment {
-        increment - (i32::MAX - sequence) - 1
+    // Computed in i64 so that garbage inputs cannot overflow.
+    let next = i64::from(sequence) + i64::from(increment);
+    if next > i64::from(i32::MAX) {
+        (next - i64::from(i32::MAX) - 1) as i32
     } else {
-        sequence + increment
+        next as i32
     }
 }
 
@@ -444,5 +448,7 @@ mod tests {
         assert_eq!(increment_sequence(i32::MAX, 1), 0);
         assert_eq!(increment_sequence(i32::MAX - 1, 3), 1);
         assert_eq!(increment_sequence(i32::MAX, 0), i32::MAX);
+        assert_eq!(increment_sequence(i32::MAX, i32::MAX), i32::MAX - 1);
+        let _ = increment_sequence(i32::MIN, i32::MIN);
     }
 }

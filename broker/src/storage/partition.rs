@@ -133,7 +133,19 @@ impl Partition {
         index: i32,
         dir: PathBuf,
     ) -> Result<Partition, StorageError> {
+        let started = Instant::now();
         let state = recovery::recover(ctx.backend.as_ref(), &dir)?;
+        tracing::debug!(
+            topic,
+            partition = index,
+            segments = state.segments.len(),
+            log_start = state.log_start,
+            log_end = state.log_end,
+            producers = state.producers.len(),
+            aborted = state.aborted.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "opened partition"
+        );
         let metrics = PartitionMetrics::new(topic, index);
         metrics.log_end_offset.set(state.log_end as f64);
         Ok(Partition {
