@@ -7,6 +7,20 @@ use kafka_protocol::messages::ApiKey;
 
 use super::{min_len, Result, Walker};
 
+/// The group APIs this module walks (every one must have samples for all advertised
+/// versions; a unit test enforces it).
+pub(super) const WALKED: &[ApiKey] = &[
+    ApiKey::FindCoordinator,
+    ApiKey::JoinGroup,
+    ApiKey::SyncGroup,
+    ApiKey::Heartbeat,
+    ApiKey::LeaveGroup,
+    ApiKey::OffsetCommit,
+    ApiKey::OffsetFetch,
+    ApiKey::DescribeGroups,
+    ApiKey::ListGroups,
+];
+
 /// Walks a group API request body; `Ok(None)` for APIs that are not group APIs.
 pub(super) fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<Option<usize>> {
     let flexible = match api {
@@ -347,6 +361,10 @@ mod tests {
         for &(api, min, max) in SUPPORTED {
             for version in min..=max {
                 let Some(body) = sample(api, version) else {
+                    assert!(
+                        !super::WALKED.contains(&api),
+                        "no sample for {api:?} v{version}"
+                    );
                     continue;
                 };
                 assert_eq!(
