@@ -23,6 +23,9 @@ pub(super) const WALKED: &[ApiKey] = &[
 
 /// Walks a group API request body; `Ok(None)` for APIs that are not group APIs.
 pub(super) fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<Option<usize>> {
+    if !WALKED.contains(&api) {
+        return Ok(None);
+    }
     let flexible = match api {
         ApiKey::FindCoordinator => version >= 3,
         ApiKey::JoinGroup => version >= 6,
