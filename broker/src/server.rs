@@ -62,9 +62,11 @@ impl BrokerHandle {
     /// storage, and returns.
     pub async fn shutdown(self) {
         let _ = self.shutdown_tx.send(true);
+        self.state.groups.begin_shutdown();
         if let Err(e) = self.server.await {
             tracing::error!(error = %e, "server task failed");
         }
+        self.state.groups.close();
         let store = self.state.store.clone();
         match tokio::task::spawn_blocking(move || store.flush_all()).await {
             Ok(Ok(())) => tracing::info!("storage flushed; broker stopped"),
@@ -102,7 +104,8 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
 
     let storage_config = config.storage.clone();
     let data_dir = storage_config.data_dir.clone();
-    let (store, producer_ids) = tokio::task::spawn_blocking(move || -> Result<_> {
+    let fsync = storage_config.fsync;
+    let (store, producer_ids, groups) = tokio::task::spawn_blocking(move || -> Result<_> {
         if let Some(dir) = &data_dir {
             std::fs::create_dir_all(dir).map_err(|source| BrokerError::Io {
                 context: format!("creating data dir {}", dir.display()),
@@ -111,7 +114,16 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         }
         let store = Store::open(storage_config)?;
         let producer_ids = ProducerIdAllocator::open(data_dir.as_deref())?;
-        Ok((store, producer_ids))
+        let groups = crate::group::GroupCoordinator::open(
+            data_dir.as_deref(),
+            matches!(fsync, crate::storage::FsyncPolicy::EveryBatch),
+            crate::group::GroupConfig::default(),
+        )
+        .map_err(|e| BrokerError::Io {
+            context: "opening the group offsets store".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Ok((store, producer_ids, groups))
     })
     .await
     .map_err(|e| BrokerError::Io {
@@ -138,8 +150,10 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         advertised_port: i32::from(advertised_port),
         appended: Notify::new(),
         producer_ids,
+        groups: Arc::new(groups),
         shutdown: shutdown_rx.clone(),
     });
+    state.groups.spawn_timer();
     // With `FsyncPolicy::Interval` the store runs its own flusher thread.
     tracing::info!(%local_addr, advertised = %format!("{}:{}", state.advertised_host, state.advertised_port), "broker listening");
     let server = tokio::spawn(accept_loop(listener, Arc::clone(&state), shutdown_rx));

@@ -32,6 +32,8 @@ pub struct BrokerState {
     pub appended: Notify,
     /// Producer ids for InitProducerId, never reused across restarts.
     pub producer_ids: ProducerIdAllocator,
+    /// The consumer group coordinator and group offsets store.
+    pub groups: Arc<crate::group::GroupCoordinator>,
     /// Flips to true when the broker shuts down.
     pub shutdown: watch::Receiver<bool>,
 }
