@@ -87,9 +87,25 @@ impl Partition {
     /// magic and CRC-32C, runs the idempotent-producer checks, assigns offsets by rewriting
     /// baseOffset only, and stores the bytes.
     pub fn append(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
+        self.append_batches(records, false)
+    }
+
+    // onceflow-txn (broker-txn helper): entry point for transaction markers. BEGIN
+    /// Appends control batches (transaction markers) the coordinator built; clients may not
+    /// write them through [`Partition::append`].
+    pub fn append_control(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
+        self.append_batches(records, true)
+    }
+
+    fn append_batches(
+        &self,
+        records: Bytes,
+        allow_control: bool,
+    ) -> Result<AppendOutcome, AppendError> {
+        // onceflow-txn END
         let batches = batch::split_batches(&records).map_err(fault_to_error)?;
         for (_, h) in &batches {
-            if h.is_control() {
+            if h.is_control() && !allow_control {
                 return Err(AppendError::InvalidRecord(
                     "clients may not write control batches".into(),
                 ));

@@ -106,6 +106,10 @@ impl ProducerStates {
                 got: h.producer_epoch,
             });
         }
+        // onceflow-txn (broker-txn helper): markers carry sequence -1; only the epoch counts.
+        if h.is_control() {
+            return Ok(SequenceCheck::Append);
+        }
         if h.producer_epoch == e.epoch {
             let last_seq = h.last_sequence();
             if let Some(dup) = e
