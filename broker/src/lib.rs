@@ -1,3 +1,33 @@
 //! The onceflow reference broker: a single-node Kafka-wire-protocol server with a durable log.
+//!
+//! Start one in-process with [`start`] (tests, examples) or run the `onceflow-broker` binary.
+//! Layers, from the wire inwards:
+//! - [`server`]: the tokio listener, one task per connection, ordered request pipelining;
+//! - [`codec`]: length-prefixed frames, request headers, response encoding;
+//! - [`handlers`]: one module per Kafka API, dispatched from the advertised version table;
+//! - [`storage`]: per-partition logs (durable or in-memory), idempotent-producer state.
+//!
+//! ```no_run
+//! # async fn demo() -> onceflow_broker::Result<()> {
+//! let broker = onceflow_broker::start(onceflow_broker::BrokerConfig::default()).await?;
+//! println!("bootstrap.servers={}", broker.bootstrap_servers());
+//! broker.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod batch_header;
+pub mod codec;
+pub mod config;
+pub mod error;
+pub mod handlers;
+pub mod metrics;
+pub mod producer_ids;
+pub mod server;
+pub mod state;
 pub mod storage;
 pub mod txn; // onceflow-txn (broker-txn helper)
+
+pub use config::BrokerConfig;
+pub use error::{BrokerError, Result};
+pub use server::{start, BrokerHandle};

@@ -1,5 +1,141 @@
-//! The `onceflow-broker` binary: runs the reference broker.
-fn main() {
-    eprintln!("onceflow-broker: not built yet");
-    std::process::exit(2);
+//! The `onceflow-broker` binary: runs the reference broker until SIGTERM or ctrl-c.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use onceflow_broker::config::DEFAULT_MAX_REQUEST_BYTES;
+use onceflow_broker::storage::{FsyncPolicy, StorageConfig};
+use onceflow_broker::BrokerConfig;
+
+/// A single-node Kafka-wire-protocol broker with a durable log.
+#[derive(Debug, Parser)]
+#[command(name = "onceflow-broker", version)]
+struct Args {
+    /// Address to listen on; port 0 picks a free port (printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    listen: SocketAddr,
+    /// Directory of the durable log.
+    #[arg(
+        long,
+        required_unless_present = "in_memory",
+        conflicts_with = "in_memory"
+    )]
+    data_dir: Option<PathBuf>,
+    /// Keep the log in memory (lost on exit).
+    #[arg(long)]
+    in_memory: bool,
+    /// HOST:PORT that Metadata returns to clients (default: the bound address).
+    #[arg(long)]
+    advertised_listener: Option<String>,
+    /// Do not create unknown topics named by Metadata or Produce.
+    #[arg(long)]
+    no_auto_create_topics: bool,
+    /// Partition count of auto-created topics.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+    default_partitions: i32,
+    /// When to fsync appends: every-batch, interval-ms:N or never.
+    #[arg(long, default_value = "every-batch")]
+    fsync: String,
+    /// Roll log segments at this size in bytes.
+    #[arg(long)]
+    segment_bytes: Option<u64>,
+    /// Close connections that send a frame larger than this.
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    max_request_bytes: usize,
+    /// Serve Prometheus text metrics over HTTP on this address.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let fsync: FsyncPolicy = match args.fsync.parse() {
+        Ok(policy) => policy,
+        Err(e) => {
+            eprintln!("onceflow-broker: invalid --fsync {:?}: {e}", args.fsync);
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let mut storage = StorageConfig {
+        data_dir: if args.in_memory {
+            None
+        } else {
+            args.data_dir.clone()
+        },
+        fsync,
+        ..StorageConfig::default()
+    };
+    if let Some(bytes) = args.segment_bytes {
+        storage.segment_bytes = bytes;
+    }
+    let config = BrokerConfig {
+        listen: args.listen,
+        advertised_listener: args.advertised_listener,
+        storage,
+        auto_create_topics: !args.no_auto_create_topics,
+        default_partitions: args.default_partitions,
+        max_request_bytes: args.max_request_bytes,
+        metrics_listen: args.metrics_listen,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("onceflow-broker: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(config))
+}
+
+async fn run(config: BrokerConfig) -> std::process::ExitCode {
+    let broker = match onceflow_broker::start(config).await {
+        Ok(broker) => broker,
+        Err(e) => {
+            eprintln!("onceflow-broker: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "listening on {}", broker.local_addr());
+        let _ = stdout.flush();
+    }
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    broker.shutdown().await;
+    std::process::ExitCode::SUCCESS
+}
+
+#[cfg(unix)]
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; waiting for ctrl-c only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn wait_for_signal() {
+    let _ = tokio::signal::ctrl_c().await;
 }

@@ -1,0 +1,68 @@
+//! Broker configuration: what the library's [`crate::start`] and the CLI take.
+
+use std::net::SocketAddr;
+
+use crate::storage::StorageConfig;
+
+/// Default limit on one request frame: 100 MiB, like Kafka's `socket.request.max.bytes`.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 100 * 1024 * 1024;
+
+/// Everything needed to start a broker.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// Address to bind; port 0 picks a free port. Default `127.0.0.1:0`.
+    pub listen: SocketAddr,
+    /// `HOST:PORT` returned by Metadata (so a proxy can sit in front); default: the bound address.
+    pub advertised_listener: Option<String>,
+    /// Storage settings; `data_dir: None` keeps the logs in memory.
+    pub storage: StorageConfig,
+    /// Create unknown topics when Metadata or Produce names them. Default true.
+    pub auto_create_topics: bool,
+    /// Partition count of auto-created topics and of CreateTopics with `num_partitions = -1`.
+    pub default_partitions: i32,
+    /// Frames above this many bytes are refused and the connection closed. Default 100 MiB.
+    pub max_request_bytes: usize,
+    /// Serve Prometheus text metrics over HTTP on this address.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertised_listener: None,
+            storage: StorageConfig::default(),
+            auto_create_topics: true,
+            default_partitions: 1,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            metrics_listen: None,
+        }
+    }
+}
+
+/// Parses `HOST:PORT` into its parts; the port must be a valid u16.
+pub fn parse_host_port(value: &str) -> Option<(String, u16)> {
+    let (host, port) = value.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return None;
+    }
+    Some((host.to_string(), port.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_host_port;
+
+    #[test]
+    fn host_port_parsing() {
+        assert_eq!(
+            parse_host_port("localhost:9092"),
+            Some(("localhost".into(), 9092))
+        );
+        assert_eq!(parse_host_port("[::1]:19092"), Some(("::1".into(), 19092)));
+        assert_eq!(parse_host_port("localhost"), None);
+        assert_eq!(parse_host_port(":9092"), None);
+        assert_eq!(parse_host_port("h:99999"), None);
+    }
+}

@@ -1,0 +1,141 @@
+//! Fetch (v4..=12, sessionless): long poll until `min_bytes` are available or `max_wait_ms`
+//! passes, woken by appends; whole stored batches within the partition and response byte
+//! limits (the first batch always whole, KIP-74); empty partitions carry empty record bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse};
+use tokio::time::Instant;
+
+use super::RequestContext;
+use crate::metrics;
+use crate::state::BrokerState;
+use crate::storage::ReadError;
+
+/// Longest long poll honoured, whatever the client asks.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// Answers Fetch.
+pub async fn handle(
+    state: &Arc<BrokerState>,
+    ctx: &RequestContext,
+    req: FetchRequest,
+) -> FetchResponse {
+    // This broker never creates fetch sessions (it answers session id 0), so a client can only
+    // name one by mistake.
+    if ctx.version >= 7 && req.session_id != 0 {
+        return FetchResponse::default()
+            .with_error_code(ResponseError::FetchSessionIdNotFound.code());
+    }
+    if ctx.version >= 7 && !matches!(req.session_epoch, 0 | -1) {
+        return FetchResponse::default()
+            .with_error_code(ResponseError::InvalidFetchSessionEpoch.code());
+    }
+    let wait = Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0)).min(MAX_WAIT);
+    let deadline = Instant::now() + wait;
+    let min_bytes = usize::try_from(req.min_bytes).unwrap_or(0);
+    let mut shutdown = state.shutdown.clone();
+    loop {
+        // Register for wakeups before reading, so an append in between is not missed.
+        let appended = state.appended.notified();
+        tokio::pin!(appended);
+        appended.as_mut().enable();
+        let (response, bytes, errors) = read_once(state, &req);
+        if bytes >= min_bytes || errors || Instant::now() >= deadline || *shutdown.borrow() {
+            return response;
+        }
+        tokio::select! {
+            _ = appended => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = crate::state::shutdown_signalled(&mut shutdown) => {}
+        }
+    }
+}
+
+/// One pass over the requested partitions: the response, the record bytes in it, and
+/// whether any partition carries an error (which ends the long poll).
+fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, bool) {
+    let mut remaining = usize::try_from(req.max_bytes).unwrap_or(0);
+    let mut total = 0usize;
+    let mut errors = false;
+    let mut topics = Vec::with_capacity(req.topics.len());
+    for topic in &req.topics {
+        let name = topic.topic.0.as_str();
+        let mut partitions = Vec::with_capacity(topic.partitions.len());
+        for p in &topic.partitions {
+            let mut data = PartitionData::default()
+                .with_partition_index(p.partition)
+                .with_preferred_read_replica(BrokerId(-1))
+                .with_aborted_transactions(Some(Vec::new()))
+                .with_records(Some(Bytes::new()));
+            let Some(partition) = state.partition(name, p.partition) else {
+                errors = true;
+                metrics::partition_error("Fetch", ResponseError::UnknownTopicOrPartition.code());
+                partitions.push(
+                    data.with_error_code(ResponseError::UnknownTopicOrPartition.code())
+                        .with_high_watermark(-1)
+                        .with_last_stable_offset(-1)
+                        .with_log_start_offset(-1),
+                );
+                continue;
+            };
+            let high_watermark = partition.high_watermark();
+            data = data
+                .with_high_watermark(high_watermark)
+                .with_last_stable_offset(high_watermark)
+                .with_log_start_offset(partition.log_start_offset());
+            let limit = usize::try_from(p.partition_max_bytes)
+                .unwrap_or(0)
+                .min(remaining);
+            // Once something is returned, a partition with no budget left gets nothing; the
+            // first non-empty partition always gets at least one whole batch (KIP-74).
+            if limit == 0 && total > 0 {
+                partitions.push(data);
+                continue;
+            }
+            match partition.read(p.fetch_offset, limit) {
+                Ok(records) => {
+                    total += records.len();
+                    remaining = remaining.saturating_sub(records.len());
+                    partitions.push(data.with_records(Some(records)));
+                }
+                Err(ReadError::OffsetOutOfRange {
+                    log_start,
+                    high_watermark,
+                }) => {
+                    errors = true;
+                    tracing::debug!(
+                        topic = name,
+                        partition = p.partition,
+                        offset = p.fetch_offset,
+                        log_start,
+                        high_watermark,
+                        "fetch offset out of range"
+                    );
+                    metrics::partition_error("Fetch", ResponseError::OffsetOutOfRange.code());
+                    partitions.push(data.with_error_code(ResponseError::OffsetOutOfRange.code()));
+                }
+                Err(ReadError::Storage(e)) => {
+                    errors = true;
+                    tracing::error!(topic = name, partition = p.partition, error = %e, "fetch read failed");
+                    metrics::partition_error("Fetch", ResponseError::KafkaStorageError.code());
+                    partitions.push(data.with_error_code(ResponseError::KafkaStorageError.code()));
+                }
+            }
+        }
+        topics.push(
+            FetchableTopicResponse::default()
+                .with_topic(topic.topic.clone())
+                .with_partitions(partitions),
+        );
+    }
+    // Session id 0: no fetch session is created, every response is a full one (KIP-227).
+    let response = FetchResponse::default()
+        .with_session_id(0)
+        .with_responses(topics);
+    (response, total, errors)
+}

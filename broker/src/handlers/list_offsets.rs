@@ -1,0 +1,106 @@
+//! ListOffsets (v1..=7): earliest (-2), latest (-1; for read_committed the last stable
+//! offset, which equals the high watermark until transactions exist), max timestamp (-3),
+//! or the first offset at or after a timestamp.
+
+use std::sync::Arc;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
+
+use super::RequestContext;
+use crate::metrics;
+use crate::state::BrokerState;
+use crate::storage::Partition;
+
+/// Special timestamp: the log start offset.
+pub const EARLIEST: i64 = -2;
+/// Special timestamp: the high watermark (or last stable offset).
+pub const LATEST: i64 = -1;
+/// Special timestamp (v7+): the offset of the record with the largest timestamp.
+pub const MAX_TIMESTAMP: i64 = -3;
+
+/// Answers ListOffsets.
+pub fn handle(
+    state: &Arc<BrokerState>,
+    ctx: &RequestContext,
+    req: ListOffsetsRequest,
+) -> ListOffsetsResponse {
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|topic| {
+            let name = topic.name.0.as_str();
+            let partitions = topic
+                .partitions
+                .into_iter()
+                .map(|p| {
+                    let base = ListOffsetsPartitionResponse::default()
+                        .with_partition_index(p.partition_index);
+                    let Some(partition) = state.partition(name, p.partition_index) else {
+                        metrics::partition_error(
+                            "ListOffsets",
+                            ResponseError::UnknownTopicOrPartition.code(),
+                        );
+                        return base
+                            .with_error_code(ResponseError::UnknownTopicOrPartition.code())
+                            .with_timestamp(-1)
+                            .with_offset(-1);
+                    };
+                    let (offset, timestamp) = lookup(&partition, p.timestamp);
+                    let base = base.with_offset(offset).with_timestamp(timestamp);
+                    // The leader epoch field exists from v4 on; encoding refuses it before.
+                    if ctx.version >= 4 {
+                        base.with_leader_epoch(0)
+                    } else {
+                        base
+                    }
+                })
+                .collect();
+            ListOffsetsTopicResponse::default()
+                .with_name(topic.name)
+                .with_partitions(partitions)
+        })
+        .collect();
+    ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// (offset, timestamp) for a ListOffsets timestamp; (-1, -1) when no record qualifies.
+fn lookup(partition: &Partition, timestamp: i64) -> (i64, i64) {
+    match timestamp {
+        EARLIEST => (partition.log_start_offset(), -1),
+        LATEST => (partition.high_watermark(), -1),
+        MAX_TIMESTAMP => max_timestamp(partition).unwrap_or((-1, -1)),
+        ts if ts >= 0 => partition.offset_for_timestamp(ts).unwrap_or((-1, -1)),
+        _ => (-1, -1),
+    }
+}
+
+/// Scans batch headers for the largest max timestamp; returns that batch's last offset
+/// (batch-level precision) and the timestamp.
+fn max_timestamp(partition: &Partition) -> Option<(i64, i64)> {
+    const CHUNK: usize = 1 << 20;
+    let end = partition.high_watermark();
+    let mut offset = partition.log_start_offset();
+    let mut best: Option<(i64, i64)> = None;
+    while offset < end {
+        let bytes = partition.read(offset, CHUNK).ok()?;
+        if bytes.is_empty() {
+            break;
+        }
+        let mut rest = &bytes[..];
+        while let Some(header) = crate::batch_header::BatchHeader::parse(rest) {
+            if header.max_timestamp > best.map_or(i64::MIN, |b| b.1) {
+                best = Some((header.last_offset(), header.max_timestamp));
+            }
+            offset = header.last_offset() + 1;
+            rest = rest.get(header.total_len()..)?;
+        }
+        if rest.len() == bytes.len() {
+            break;
+        }
+    }
+    best
+}

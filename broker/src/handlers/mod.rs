@@ -1,0 +1,202 @@
+//! Request dispatch: checks the advertised version table, decodes the body, runs the API's
+//! handler (one module per API) and encodes the response frame.
+
+pub mod api_versions;
+pub mod create_topics;
+pub mod delete_topics;
+pub mod describe_configs;
+pub mod fetch;
+pub mod init_producer_id;
+pub mod list_offsets;
+pub mod metadata;
+pub mod produce;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
+    FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
+};
+use kafka_protocol::protocol::{Decodable, Encodable};
+
+use crate::codec::{self, CodecError};
+use crate::state::BrokerState;
+
+/// What a handler knows about the request besides its body.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// The API.
+    pub api_key: ApiKey,
+    /// The request's version (within the advertised range).
+    pub version: i16,
+    /// Echoed in the response header.
+    pub correlation_id: i32,
+    /// The client id from the request header, if any.
+    pub client_id: Option<String>,
+}
+
+/// Why a request got no response; the connection is closed after logging it.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    /// The frame, header or body was malformed.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// The API key or version is not advertised (Kafka closes the connection too).
+    #[error("unsupported request {api:?} v{version}")]
+    Unsupported {
+        /// The API.
+        api: ApiKey,
+        /// The requested version.
+        version: i16,
+    },
+}
+
+/// A handled request: its context and the encoded response frame (None when the protocol
+/// sends no response, as for Produce with acks=0).
+#[derive(Debug)]
+pub struct Handled {
+    /// The decoded request header.
+    pub ctx: RequestContext,
+    /// The response frame, size prefix included.
+    pub response: Option<Bytes>,
+}
+
+/// Decodes and handles one request frame (size prefix removed).
+pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled, DispatchError> {
+    let prefix = codec::peek_prefix(&frame)?;
+    let api_key =
+        ApiKey::try_from(prefix.api_key).map_err(|()| CodecError::UnknownApiKey(prefix.api_key))?;
+    let version = prefix.api_version;
+    if api_key == ApiKey::ApiVersions
+        && !api_versions::is_supported(api_key, version)
+        && version > 0
+    {
+        // KIP-511: answer with our ranges in a v0 body (v0 response header) without parsing
+        // the rest of a header/body we may not understand.
+        tracing::info!(
+            version,
+            "ApiVersions above the supported range: answering UNSUPPORTED_VERSION"
+        );
+        let body = api_versions::unsupported_version_response();
+        let response = codec::encode_response_with_header_version(
+            api_key,
+            0,
+            0,
+            prefix.correlation_id,
+            &body,
+        )?;
+        let ctx = RequestContext {
+            api_key,
+            version,
+            correlation_id: prefix.correlation_id,
+            client_id: None,
+        };
+        return Ok(Handled {
+            ctx,
+            response: Some(response),
+        });
+    }
+    if !api_versions::is_supported(api_key, version) {
+        return Err(DispatchError::Unsupported {
+            api: api_key,
+            version,
+        });
+    }
+    let (header, body) = codec::decode_header(api_key, frame)?;
+    let ctx = RequestContext {
+        api_key,
+        version,
+        correlation_id: header.correlation_id,
+        client_id: header.client_id.as_ref().map(|c| c.as_str().to_string()),
+    };
+    let span = tracing::Span::current();
+    span.record("correlation_id", ctx.correlation_id);
+    if let Some(client) = &ctx.client_id {
+        span.record("client_id", client.as_str());
+    }
+    let response = match api_key {
+        ApiKey::ApiVersions => {
+            let req: ApiVersionsRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &api_versions::handle(&ctx, &req))?)
+        }
+        ApiKey::Metadata => {
+            let req: MetadataRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &metadata::handle(state, &ctx, req))?)
+        }
+        ApiKey::CreateTopics => {
+            let req: CreateTopicsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &create_topics::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::DeleteTopics => {
+            let req: DeleteTopicsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &delete_topics::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::Produce => {
+            let req: ProduceRequest = decode(&ctx, body)?;
+            let acks = req.acks;
+            let resp = produce::handle(state, &ctx, req).await;
+            if acks == 0 {
+                None
+            } else {
+                Some(encode(&ctx, &resp)?)
+            }
+        }
+        ApiKey::Fetch => {
+            let req: FetchRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &fetch::handle(state, &ctx, req).await)?)
+        }
+        ApiKey::ListOffsets => {
+            let req: ListOffsetsRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &list_offsets::handle(state, &ctx, req))?)
+        }
+        ApiKey::InitProducerId => {
+            let req: InitProducerIdRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &init_producer_id::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::DescribeConfigs => {
+            let req: DescribeConfigsRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &describe_configs::handle(state, &ctx, req))?)
+        }
+        other => {
+            return Err(DispatchError::Unsupported {
+                api: other,
+                version,
+            })
+        }
+    };
+    Ok(Handled { ctx, response })
+}
+
+fn decode<T: Decodable>(ctx: &RequestContext, body: Bytes) -> Result<T, CodecError> {
+    codec::decode_body(ctx.api_key, ctx.version, body)
+}
+
+fn encode<T: Encodable>(ctx: &RequestContext, body: &T) -> Result<Bytes, CodecError> {
+    codec::encode_response(ctx.api_key, ctx.version, ctx.correlation_id, body)
+}
+
+/// Metric/log label of an API.
+pub fn api_name(key: ApiKey) -> &'static str {
+    match key {
+        ApiKey::Produce => "Produce",
+        ApiKey::Fetch => "Fetch",
+        ApiKey::ListOffsets => "ListOffsets",
+        ApiKey::Metadata => "Metadata",
+        ApiKey::ApiVersions => "ApiVersions",
+        ApiKey::CreateTopics => "CreateTopics",
+        ApiKey::DeleteTopics => "DeleteTopics",
+        ApiKey::InitProducerId => "InitProducerId",
+        ApiKey::DescribeConfigs => "DescribeConfigs",
+        _ => "other",
+    }
+}

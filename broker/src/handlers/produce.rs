@@ -1,0 +1,182 @@
+//! Produce (v3+): appends each partition's RecordBatch bytes as received; per-partition
+//! error codes; acks 0 gets no response (the dispatcher drops it), 1 and -1 are the same on
+//! one node.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use super::RequestContext;
+use crate::metrics;
+use crate::state::{BrokerState, TopicLookup};
+use crate::storage::{AppendError, AppendOutcome, Partition};
+
+/// One partition's part of the request, resolved before appending.
+struct Job {
+    topic: usize,
+    index: i32,
+    target: Result<(Arc<Partition>, Bytes), (ResponseError, String)>,
+}
+
+/// Answers Produce.
+pub async fn handle(
+    state: &Arc<BrokerState>,
+    ctx: &RequestContext,
+    req: ProduceRequest,
+) -> ProduceResponse {
+    let transactional = req
+        .transactional_id
+        .as_ref()
+        .is_some_and(|t| !t.0.is_empty());
+    let acks_ok = matches!(req.acks, 0 | 1 | -1);
+    let mut names: Vec<TopicName> = Vec::with_capacity(req.topic_data.len());
+    let mut jobs = Vec::new();
+    for (topic_no, topic) in req.topic_data.into_iter().enumerate() {
+        let name = topic.name.0.as_str();
+        // The hot path: the topic exists, skip the (allocating) lookup.
+        let lookup = if state.partition(name, 0).is_some() {
+            TopicLookup::Exists(0)
+        } else {
+            state.lookup_or_create(name, true)
+        };
+        for p in topic.partition_data {
+            let target = if !acks_ok {
+                Err((
+                    ResponseError::InvalidRequiredAcks,
+                    format!("acks must be 0, 1 or -1, got {}", req.acks),
+                ))
+            } else if transactional {
+                Err((
+                    ResponseError::InvalidTxnState,
+                    "transactional produce is not implemented by this broker yet".into(),
+                ))
+            } else {
+                match (&lookup, state.partition(name, p.index)) {
+                    (TopicLookup::InvalidName, _) => Err((
+                        ResponseError::InvalidTopicException,
+                        format!("illegal topic name {name:?}"),
+                    )),
+                    (_, None) => Err((
+                        ResponseError::UnknownTopicOrPartition,
+                        format!("no partition {name}-{}", p.index),
+                    )),
+                    (_, Some(partition)) => match p.records {
+                        Some(records) => Ok((partition, records)),
+                        None => Err((ResponseError::CorruptMessage, "null records".into())),
+                    },
+                }
+            };
+            jobs.push(Job {
+                topic: topic_no,
+                index: p.index,
+                target,
+            });
+        }
+        names.push(topic.name);
+    }
+
+    let outcomes = if state.is_durable() {
+        let durable_jobs: Vec<_> = jobs
+            .iter()
+            .map(|j| j.target.as_ref().ok().cloned())
+            .collect();
+        match tokio::task::spawn_blocking(move || append_all(durable_jobs)).await {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                tracing::error!(error = %e, "append task failed");
+                jobs.iter().map(|_| None).collect()
+            }
+        }
+    } else {
+        append_all(
+            jobs.iter()
+                .map(|j| j.target.as_ref().ok().cloned())
+                .collect(),
+        )
+    };
+
+    let mut appended = false;
+    let mut responses: Vec<TopicProduceResponse> = names
+        .iter()
+        .map(|n| TopicProduceResponse::default().with_name(n.clone()))
+        .collect();
+    for (job, outcome) in jobs.into_iter().zip(outcomes) {
+        let topic = names[job.topic].0.as_str();
+        let result = match (job.target, outcome) {
+            (Err((error, message)), _) => Err((error, message)),
+            (Ok(_), None) => Err((
+                ResponseError::KafkaStorageError,
+                "append task failed".into(),
+            )),
+            (Ok((partition, _)), Some(Ok(outcome))) => {
+                if outcome.duplicate {
+                    tracing::debug!(
+                        topic,
+                        partition = job.index,
+                        base_offset = outcome.base_offset,
+                        "duplicate batch"
+                    );
+                } else {
+                    appended = true;
+                    metrics::log_end_offset(topic, job.index, partition.high_watermark());
+                }
+                Ok(outcome)
+            }
+            (Ok(_), Some(Err(e))) => Err(map_append_error(ctx.version, &e)),
+        };
+        let response = match result {
+            Ok(AppendOutcome {
+                base_offset,
+                log_append_time,
+                log_start_offset,
+                ..
+            }) => PartitionProduceResponse::default()
+                .with_index(job.index)
+                .with_base_offset(base_offset)
+                .with_log_append_time_ms(log_append_time)
+                .with_log_start_offset(log_start_offset),
+            Err((error, message)) => {
+                tracing::info!(topic, partition = job.index, code = error.code(), %message, "produce refused");
+                metrics::partition_error("Produce", error.code());
+                PartitionProduceResponse::default()
+                    .with_index(job.index)
+                    .with_error_code(error.code())
+                    .with_base_offset(-1)
+                    .with_log_append_time_ms(-1)
+                    .with_log_start_offset(-1)
+                    .with_error_message(Some(StrBytes::from_string(message)))
+            }
+        };
+        responses[job.topic].partition_responses.push(response);
+    }
+    if appended {
+        state.appended.notify_waiters();
+    }
+    ProduceResponse::default().with_responses(responses)
+}
+
+type AppendResult = Result<AppendOutcome, AppendError>;
+
+fn append_all(jobs: Vec<Option<(Arc<Partition>, Bytes)>>) -> Vec<Option<AppendResult>> {
+    jobs.into_iter()
+        .map(|job| job.map(|(partition, records)| partition.append(records)))
+        .collect()
+}
+
+/// The Kafka error code (and message) for a refused append.
+pub fn map_append_error(version: i16, error: &AppendError) -> (ResponseError, String) {
+    let code = match error {
+        AppendError::CorruptMessage(_) => ResponseError::CorruptMessage,
+        // INVALID_RECORD exists from Produce v8 on; older clients know CORRUPT_MESSAGE.
+        AppendError::InvalidRecord(_) if version >= 8 => ResponseError::InvalidRecord,
+        AppendError::InvalidRecord(_) => ResponseError::CorruptMessage,
+        AppendError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
+        AppendError::InvalidProducerEpoch { .. } => ResponseError::InvalidProducerEpoch,
+        AppendError::Storage(_) => ResponseError::KafkaStorageError,
+    };
+    (code, error.to_string())
+}

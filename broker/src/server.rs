@@ -1,0 +1,310 @@
+//! The network side: [`start`] binds the listener and runs one task per connection; each
+//! connection answers its requests strictly in order (a reader task keeps decoding frames
+//! while a request is handled, so pipelined requests do not wait for the socket).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::codec;
+use crate::config::{parse_host_port, BrokerConfig};
+use crate::error::{BrokerError, Result};
+use crate::handlers::{self, api_name, DispatchError};
+use crate::metrics;
+use crate::producer_ids::ProducerIdAllocator;
+use crate::state::BrokerState;
+use crate::storage::{FsyncPolicy, Store};
+
+/// How long shutdown waits for in-flight requests before dropping connections.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Frames decoded ahead of the request being handled, per connection.
+const PIPELINE_DEPTH: usize = 64;
+
+/// A running broker. Dropping it leaves the broker running until the runtime ends; call
+/// [`BrokerHandle::shutdown`] to stop it and flush the log.
+pub struct BrokerHandle {
+    local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    shutdown_tx: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<()>,
+    state: Arc<BrokerState>,
+}
+
+impl BrokerHandle {
+    /// The address the listener is bound to (port 0 resolved).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// `HOST:PORT` to give clients as `bootstrap.servers`.
+    pub fn bootstrap_servers(&self) -> String {
+        self.local_addr.to_string()
+    }
+
+    /// The bound Prometheus endpoint, when `metrics_listen` was configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Stops accepting, lets in-flight requests finish (up to a few seconds), flushes the
+    /// storage, and returns.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown_tx.send(true);
+        if let Err(e) = self.server.await {
+            tracing::error!(error = %e, "server task failed");
+        }
+        let store = self.state.store.clone();
+        match tokio::task::spawn_blocking(move || store.flush_all()).await {
+            Ok(Ok(())) => tracing::info!("storage flushed; broker stopped"),
+            Ok(Err(e)) => tracing::error!(error = %e, "flushing storage at shutdown failed"),
+            Err(e) => tracing::error!(error = %e, "flush task failed"),
+        }
+    }
+}
+
+/// Opens the storage, binds the listener (and the metrics endpoint) and starts serving.
+/// Returns once the listener is bound.
+pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
+    if config.default_partitions < 1 {
+        return Err(BrokerError::Config(format!(
+            "default partitions must be at least 1, got {}",
+            config.default_partitions
+        )));
+    }
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| BrokerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| BrokerError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let (advertised_host, advertised_port) = match &config.advertised_listener {
+        Some(listener) => parse_host_port(listener).ok_or_else(|| {
+            BrokerError::Config(format!("advertised listener {listener:?} is not HOST:PORT"))
+        })?,
+        None => (local_addr.ip().to_string(), local_addr.port()),
+    };
+
+    let storage_config = config.storage.clone();
+    let data_dir = storage_config.data_dir.clone();
+    let (store, producer_ids) = tokio::task::spawn_blocking(move || -> Result<_> {
+        if let Some(dir) = &data_dir {
+            std::fs::create_dir_all(dir).map_err(|source| BrokerError::Io {
+                context: format!("creating data dir {}", dir.display()),
+                source,
+            })?;
+        }
+        let store = Store::open(storage_config)?;
+        let producer_ids = ProducerIdAllocator::open(data_dir.as_deref())?;
+        Ok((store, producer_ids))
+    })
+    .await
+    .map_err(|e| BrokerError::Io {
+        context: "opening storage".into(),
+        source: std::io::Error::other(e.to_string()),
+    })??;
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let metrics_addr = match config.metrics_listen {
+        Some(addr) => Some(metrics::serve(addr, shutdown_rx.clone()).await?),
+        None => None,
+    };
+    for (topic, partitions) in store.topics() {
+        for index in 0..partitions {
+            if let Some(p) = store.partition(&topic, index) {
+                metrics::log_end_offset(&topic, index, p.high_watermark());
+            }
+        }
+    }
+    let state = Arc::new(BrokerState {
+        config,
+        store,
+        advertised_host,
+        advertised_port: i32::from(advertised_port),
+        appended: Notify::new(),
+        producer_ids,
+        shutdown: shutdown_rx.clone(),
+    });
+    if let FsyncPolicy::Interval(every) = state.config.storage.fsync {
+        tokio::spawn(flush_periodically(
+            state.store.clone(),
+            every,
+            shutdown_rx.clone(),
+        ));
+    }
+    tracing::info!(%local_addr, advertised = %format!("{}:{}", state.advertised_host, state.advertised_port), "broker listening");
+    let server = tokio::spawn(accept_loop(listener, Arc::clone(&state), shutdown_rx));
+    Ok(BrokerHandle {
+        local_addr,
+        metrics_addr,
+        shutdown_tx,
+        server,
+        state,
+    })
+}
+
+async fn flush_periodically(store: Store, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = crate::state::shutdown_signalled(&mut shutdown) => return,
+            _ = tick.tick() => {
+                let store = store.clone();
+                match tokio::task::spawn_blocking(move || store.flush_all()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!(error = %e, "interval fsync failed"),
+                    Err(e) => tracing::error!(error = %e, "interval fsync task failed"),
+                }
+            }
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<BrokerState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = crate::state::shutdown_signalled(&mut shutdown) => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let state = Arc::clone(&state);
+                    let shutdown = shutdown.clone();
+                    connections.spawn(
+                        serve_connection(state, stream, peer, shutdown)
+                            .instrument(tracing::info_span!("connection", %peer)),
+                    );
+                }
+                Err(e) => {
+                    // Typically EMFILE; back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let drain = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(SHUTDOWN_GRACE, drain).await.is_err() {
+        tracing::warn!("connections still busy after the shutdown grace period; dropping them");
+        connections.shutdown().await;
+    }
+}
+
+async fn serve_connection(
+    state: Arc<BrokerState>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    tracing::debug!("connection opened");
+    metrics::connections(1.0);
+    let _ = stream.set_nodelay(true);
+    let (mut reader, writer) = stream.into_split();
+    let max = state.config.max_request_bytes;
+    let (frames_tx, mut frames) = mpsc::channel::<Bytes>(PIPELINE_DEPTH);
+    let read_task = tokio::spawn(
+        async move {
+            loop {
+                match codec::read_frame(&mut reader, max).await {
+                    Ok(Some(frame)) => {
+                        metrics::bytes_in(frame.len() + 4);
+                        if frames_tx.send(frame).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "closing connection");
+                        break;
+                    }
+                }
+            }
+        }
+        .in_current_span(),
+    );
+    let mut writer = BufWriter::with_capacity(64 * 1024, writer);
+    loop {
+        let frame = tokio::select! {
+            _ = crate::state::shutdown_signalled(&mut shutdown) => break,
+            frame = frames.recv() => match frame {
+                Some(frame) => frame,
+                None => break,
+            },
+        };
+        let Some(response) = handle_frame(&state, frame).await else {
+            break;
+        };
+        if let Some(bytes) = response {
+            metrics::bytes_out(bytes.len());
+            if let Err(e) = writer.write_all(&bytes).await {
+                tracing::debug!(error = %e, "write failed");
+                break;
+            }
+        }
+        if frames.is_empty() {
+            if let Err(e) = writer.flush().await {
+                tracing::debug!(error = %e, "flush failed");
+                break;
+            }
+        }
+    }
+    let _ = writer.flush().await;
+    read_task.abort();
+    metrics::connections(-1.0);
+    tracing::debug!(%peer, "connection closed");
+}
+
+/// Handles one frame inside a request span. `None` closes the connection; `Some(None)` is a
+/// request without a response.
+async fn handle_frame(state: &Arc<BrokerState>, frame: Bytes) -> Option<Option<Bytes>> {
+    let started = Instant::now();
+    let prefix = codec::peek_prefix(&frame).ok();
+    let span = tracing::debug_span!(
+        "request",
+        api = prefix.map_or(-1, |p| p.api_key),
+        version = prefix.map_or(-1, |p| p.api_version),
+        correlation_id = tracing::field::Empty,
+        client_id = tracing::field::Empty,
+        latency_us = tracing::field::Empty,
+    );
+    let result = handlers::dispatch(state, frame)
+        .instrument(span.clone())
+        .await;
+    let elapsed = started.elapsed();
+    span.record("latency_us", elapsed.as_micros() as u64);
+    match result {
+        Ok(handled) => {
+            let _entered = span.enter();
+            tracing::debug!(api = api_name(handled.ctx.api_key), "request done");
+            metrics::request_done(api_name(handled.ctx.api_key), "ok", elapsed.as_secs_f64());
+            Some(handled.response)
+        }
+        Err(e) => {
+            let _entered = span.enter();
+            let api = match &e {
+                DispatchError::Unsupported { api, .. } => api_name(*api),
+                DispatchError::Codec(_) => "invalid",
+            };
+            tracing::warn!(error = %e, "bad request; closing connection");
+            metrics::request_done(api, "closed", elapsed.as_secs_f64());
+            None
+        }
+    }
+}
