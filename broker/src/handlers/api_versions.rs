@@ -18,6 +18,11 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteTopics, 1, 5),
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::DescribeConfigs, 1, 4),
+    // onceflow-txn (broker-txn helper): transaction APIs.
+    (ApiKey::FindCoordinator, 0, 3),
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
 ];
 
 /// The advertised (min, max) versions of `key`, or None if the API is not implemented.

@@ -7,14 +7,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse};
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchableTopicResponse, PartitionData,
+};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ProducerId};
 use tokio::time::Instant;
 
 use super::RequestContext;
 use crate::metrics;
 use crate::state::BrokerState;
 use crate::storage::ReadError;
+use crate::txn::CommittedReadError;
 
 /// Longest long poll honoured, whatever the client asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -84,9 +87,14 @@ fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, 
                 continue;
             };
             let high_watermark = partition.high_watermark();
+            // onceflow-txn (broker-txn helper): the LSO from the transaction layer.
+            let lso = state
+                .txn
+                .last_stable_offset(&partition)
+                .unwrap_or(high_watermark);
             data = data
                 .with_high_watermark(high_watermark)
-                .with_last_stable_offset(high_watermark)
+                .with_last_stable_offset(lso)
                 .with_log_start_offset(partition.log_start_offset());
             let limit = usize::try_from(p.partition_max_bytes)
                 .unwrap_or(0)
@@ -97,7 +105,35 @@ fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, 
                 partitions.push(data);
                 continue;
             }
-            match partition.read(p.fetch_offset, limit) {
+            // onceflow-txn (broker-txn helper): read_committed stops at the LSO and lists the
+            // aborted transactions overlapping the returned batches (from the index).
+            let read = if req.isolation_level == 1 {
+                match state.txn.read_committed(&partition, p.fetch_offset, limit) {
+                    Ok(r) => {
+                        data = data.with_last_stable_offset(r.last_stable_offset).with_aborted_transactions(Some(
+                            r.aborted
+                                .iter()
+                                .map(|a| {
+                                    AbortedTransaction::default()
+                                        .with_producer_id(ProducerId(a.producer_id))
+                                        .with_first_offset(a.first_offset)
+                                })
+                                .collect(),
+                        ));
+                        Ok(r.records)
+                    }
+                    Err(CommittedReadError::Read(e)) => Err(e),
+                    Err(CommittedReadError::Txn(e)) => Err(ReadError::Storage(
+                        crate::storage::StorageError::Corrupt {
+                            path: std::path::PathBuf::from(name),
+                            reason: e.to_string(),
+                        },
+                    )),
+                }
+            } else {
+                partition.read(p.fetch_offset, limit)
+            };
+            match read {
                 Ok(records) => {
                     total += records.len();
                     remaining = remaining.saturating_sub(records.len());

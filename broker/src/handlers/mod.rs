@@ -1,6 +1,12 @@
 //! Request dispatch: checks the advertised version table, decodes the body, runs the API's
 //! handler (one module per API) and encodes the response frame.
 
+// onceflow-txn (broker-txn helper): transaction APIs.
+pub mod add_offsets_to_txn;
+pub mod add_partitions_to_txn;
+pub mod end_txn;
+pub mod find_coordinator;
+// onceflow-txn END
 pub mod api_versions;
 pub mod create_topics;
 pub mod delete_topics;
@@ -18,6 +24,9 @@ use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
 };
+use kafka_protocol::messages::{
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, FindCoordinatorRequest,
+}; // onceflow-txn
 use kafka_protocol::protocol::{Decodable, Encodable};
 
 use crate::codec::{self, CodecError};
@@ -167,6 +176,24 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: DescribeConfigsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &describe_configs::handle(state, &ctx, req))?)
         }
+        // onceflow-txn (broker-txn helper): transaction APIs.
+        ApiKey::FindCoordinator => {
+            let req: FindCoordinatorRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &find_coordinator::handle(state, &ctx, req))?)
+        }
+        ApiKey::AddPartitionsToTxn => {
+            let req: AddPartitionsToTxnRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &add_partitions_to_txn::handle(state, &ctx, req).await)?)
+        }
+        ApiKey::AddOffsetsToTxn => {
+            let req: AddOffsetsToTxnRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &add_offsets_to_txn::handle(state, &ctx, req).await)?)
+        }
+        ApiKey::EndTxn => {
+            let req: EndTxnRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &end_txn::handle(state, &ctx, req).await)?)
+        }
+        // onceflow-txn END
         other => {
             return Err(DispatchError::Unsupported {
                 api: other,
@@ -197,6 +224,11 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::DeleteTopics => "DeleteTopics",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DescribeConfigs => "DescribeConfigs",
+        // onceflow-txn (broker-txn helper)
+        ApiKey::FindCoordinator => "FindCoordinator",
+        ApiKey::AddPartitionsToTxn => "AddPartitionsToTxn",
+        ApiKey::AddOffsetsToTxn => "AddOffsetsToTxn",
+        ApiKey::EndTxn => "EndTxn",
         _ => "other",
     }
 }

@@ -8,10 +8,11 @@
 //! [`Coordinator::complete`] records CompleteCommit/CompleteAbort once the markers are down.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use kafka_protocol::ResponseError;
 
-use super::error::Result;
+use super::error::{Result, TxnError};
 use super::log::{LogImage, LogRecord, TxnLog};
 use super::marker::MarkerKind;
 use super::metrics;
@@ -95,26 +96,52 @@ impl<T> Step<T> {
     }
 }
 
-/// Block of producer ids reserved in the log at a time.
-const PID_BLOCK: i64 = 1000;
+/// Where producer ids come from: the broker's durable allocator, shared with idempotent
+/// producers so ids never collide and are never reused after a restart.
+pub trait ProducerIdSource: Send + Sync {
+    /// The next unused producer id.
+    fn next_producer_id(&self) -> std::result::Result<i64, String>;
+}
+
+/// A counter for in-memory use and tests.
+#[derive(Debug, Default)]
+pub struct CountingProducerIds(std::sync::atomic::AtomicI64);
+
+impl ProducerIdSource for CountingProducerIds {
+    fn next_producer_id(&self) -> std::result::Result<i64, String> {
+        Ok(self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
 
 /// All transactional ids and the transaction log behind them.
-#[derive(Debug)]
 pub struct Coordinator {
     config: CoordinatorConfig,
     log: TxnLog,
     txns: HashMap<String, TxnMetadata>,
     by_pid: HashMap<i64, String>,
-    next_pid: i64,
-    pid_limit: i64,
+    pids: Arc<dyn ProducerIdSource>,
     coordinator_epoch: i32,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("txns", &self.txns.len())
+            .field("coordinator_epoch", &self.coordinator_epoch)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Coordinator {
     /// Builds the coordinator from a replayed log image; the coordinator epoch is advanced
     /// and persisted. Transactions found in PrepareCommit/PrepareAbort are returned by
     /// [`Coordinator::pending_jobs`].
-    pub fn open(config: CoordinatorConfig, mut log: TxnLog, image: LogImage) -> Result<Self> {
+    pub fn open(
+        config: CoordinatorConfig,
+        mut log: TxnLog,
+        image: LogImage,
+        pids: Arc<dyn ProducerIdSource>,
+    ) -> Result<Self> {
         let coordinator_epoch = image.coordinator_epoch.saturating_add(1).max(0);
         log.append(&LogRecord::CoordinatorEpoch(coordinator_epoch))?;
         let by_pid = image
@@ -127,8 +154,7 @@ impl Coordinator {
             log,
             txns: image.txns,
             by_pid,
-            next_pid: image.producer_id_limit,
-            pid_limit: image.producer_id_limit,
+            pids,
             coordinator_epoch,
         };
         c.publish_gauge();
@@ -167,17 +193,9 @@ impl Coordinator {
         metrics::gauge!(metrics::OPEN_TRANSACTIONS).set(self.open_transactions() as f64);
     }
 
-    /// Hands out a fresh producer id (also for idempotent, non-transactional producers), so
-    /// ids never collide and are never reused after a restart.
+    /// Hands out a fresh producer id from the broker's allocator.
     pub fn allocate_producer_id(&mut self) -> Result<i64> {
-        if self.next_pid >= self.pid_limit {
-            let limit = self.next_pid + PID_BLOCK;
-            self.log.append(&LogRecord::ProducerIdLimit(limit))?;
-            self.pid_limit = limit;
-        }
-        let pid = self.next_pid;
-        self.next_pid += 1;
-        Ok(pid)
+        self.pids.next_producer_id().map_err(TxnError::ProducerIds)
     }
 
     fn persist(&mut self, m: TxnMetadata) -> Result<()> {
@@ -544,7 +562,6 @@ impl Coordinator {
     pub fn compact(&mut self) -> Result<()> {
         let image = LogImage {
             txns: self.txns.clone(),
-            producer_id_limit: self.pid_limit,
             coordinator_epoch: self.coordinator_epoch,
         };
         self.log.rewrite(&image)

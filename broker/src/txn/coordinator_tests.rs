@@ -13,6 +13,7 @@ fn coordinator() -> Coordinator {
             coordinator_epoch: -1,
             ..LogImage::default()
         },
+        Arc::new(CountingProducerIds::default()),
     )
     .expect("open")
 }

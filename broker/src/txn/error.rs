@@ -36,6 +36,9 @@ pub enum TxnError {
         /// Why it failed.
         reason: String,
     },
+    /// The broker's producer-id allocator failed (external: its file could not be written).
+    #[error("allocating a producer id failed: {0}")]
+    ProducerIds(String),
     /// Reading a partition's log while rebuilding its transaction index failed (external).
     #[error("reading {topic}-{partition} to rebuild its transaction index failed: {reason}")]
     Rebuild {

@@ -5,7 +5,7 @@
 //!
 //! Record layout (big endian): `len: u32, crc32c(payload): u32, payload[len]`, where the
 //! payload starts with a type byte: 1 = upsert metadata, 2 = remove transactional id,
-//! 3 = producer-id limit, 4 = coordinator epoch.
+//! 4 = coordinator epoch (3 is reserved).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -19,7 +19,6 @@ use super::state::{Reader, TxnMetadata};
 pub const LOG_FILE: &str = "transactions.log";
 const REC_UPSERT: u8 = 1;
 const REC_REMOVE: u8 = 2;
-const REC_PID_LIMIT: u8 = 3;
 const REC_COORD_EPOCH: u8 = 4;
 /// Largest payload accepted on replay (guards against garbage lengths).
 const MAX_RECORD: usize = 64 << 20;
@@ -31,8 +30,6 @@ pub enum LogRecord {
     Upsert(TxnMetadata),
     /// The transactional id expired (Dead) and is forgotten.
     Remove(String),
-    /// Producer ids below this value may have been handed out.
-    ProducerIdLimit(i64),
     /// The coordinator epoch of this broker run.
     CoordinatorEpoch(i32),
 }
@@ -49,10 +46,6 @@ impl LogRecord {
                 payload.push(REC_REMOVE);
                 payload.extend_from_slice(&(id.len() as u32).to_be_bytes());
                 payload.extend_from_slice(id.as_bytes());
-            }
-            LogRecord::ProducerIdLimit(v) => {
-                payload.push(REC_PID_LIMIT);
-                payload.extend_from_slice(&v.to_be_bytes());
             }
             LogRecord::CoordinatorEpoch(e) => {
                 payload.push(REC_COORD_EPOCH);
@@ -71,7 +64,6 @@ impl LogRecord {
         let rec = match r.u8()? {
             REC_UPSERT => LogRecord::Upsert(TxnMetadata::decode(&mut r)?),
             REC_REMOVE => LogRecord::Remove(r.str()?),
-            REC_PID_LIMIT => LogRecord::ProducerIdLimit(r.i64()?),
             REC_COORD_EPOCH => LogRecord::CoordinatorEpoch(r.i32()?),
             _ => return None,
         };
@@ -84,8 +76,6 @@ impl LogRecord {
 pub struct LogImage {
     /// Live transactional ids with their latest metadata.
     pub txns: HashMap<String, TxnMetadata>,
-    /// Producer ids below this may have been handed out (0 if none).
-    pub producer_id_limit: i64,
     /// Coordinator epoch of the last run (-1 if none).
     pub coordinator_epoch: i32,
 }
@@ -94,24 +84,17 @@ impl LogImage {
     fn apply(&mut self, rec: LogRecord) {
         match rec {
             LogRecord::Upsert(m) => {
-                self.producer_id_limit = self.producer_id_limit.max(m.producer_id + 1);
                 self.txns.insert(m.transactional_id.clone(), m);
             }
             LogRecord::Remove(id) => {
                 self.txns.remove(&id);
-            }
-            LogRecord::ProducerIdLimit(v) => {
-                self.producer_id_limit = self.producer_id_limit.max(v)
             }
             LogRecord::CoordinatorEpoch(e) => self.coordinator_epoch = self.coordinator_epoch.max(e),
         }
     }
 
     fn records(&self) -> Vec<LogRecord> {
-        let mut out = vec![
-            LogRecord::CoordinatorEpoch(self.coordinator_epoch),
-            LogRecord::ProducerIdLimit(self.producer_id_limit),
-        ];
+        let mut out = vec![LogRecord::CoordinatorEpoch(self.coordinator_epoch)];
         let mut ids: Vec<&String> = self.txns.keys().collect();
         ids.sort();
         out.extend(ids.into_iter().map(|id| LogRecord::Upsert(self.txns[id].clone())));
@@ -276,7 +259,6 @@ mod tests {
         let (_log, image) = TxnLog::open(dir.path()).expect("reopen");
         assert_eq!(image.txns.len(), 1);
         assert_eq!(image.txns["t"], m);
-        assert_eq!(image.producer_id_limit, 10);
         assert_eq!(image.coordinator_epoch, 0);
         let (_log, again) = TxnLog::open(dir.path()).expect("reopen compacted");
         assert_eq!(again, image);

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use kafka_protocol::ResponseError;
 
-use super::coordinator::{Coordinator, CoordinatorConfig, MarkerJob, Step};
+use super::coordinator::{Coordinator, CoordinatorConfig, MarkerJob, ProducerIdSource, Step};
 use super::error::{Result, TxnError};
 use super::log::{LogImage, TxnLog};
 use super::marker::{build_marker, MarkerKind};
@@ -120,7 +120,11 @@ impl TxnManager {
     /// Opens the transaction log and recovers: transactions found in PrepareCommit /
     /// PrepareAbort get their markers written again (idempotently); Ongoing ones stay open
     /// until their timeout aborts them.
-    pub fn open(store: Store, config: TxnConfig) -> Result<Arc<Self>> {
+    pub fn open(
+        store: Store,
+        config: TxnConfig,
+        pids: Arc<dyn ProducerIdSource>,
+    ) -> Result<Arc<Self>> {
         let root = config.data_dir.as_ref().map(|d| d.join(TXN_DIR));
         let (log, image) = match &root {
             Some(r) => TxnLog::open(r)?,
@@ -132,7 +136,7 @@ impl TxnManager {
                 },
             ),
         };
-        let coordinator = Coordinator::open(config.coordinator, log, image)?;
+        let coordinator = Coordinator::open(config.coordinator, log, image, pids)?;
         let pending = coordinator.pending_jobs();
         let mut mgr = TxnManager {
             store,
@@ -172,11 +176,6 @@ impl TxnManager {
     /// The coordinator's limits.
     pub fn config(&self) -> CoordinatorConfig {
         self.coordinator().config()
-    }
-
-    /// A fresh producer id (for idempotent producers too; never reused across restarts).
-    pub fn allocate_producer_id(&self) -> Result<i64> {
-        self.coordinator().allocate_producer_id()
     }
 
     /// Transactions open or completing.

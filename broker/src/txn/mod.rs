@@ -14,7 +14,9 @@ pub mod partition_state;
 pub mod partition_txn;
 pub mod state;
 
-pub use coordinator::{AbortCause, Coordinator, CoordinatorConfig, MarkerJob};
+pub use coordinator::{
+    AbortCause, Coordinator, CoordinatorConfig, CountingProducerIds, MarkerJob, ProducerIdSource,
+};
 pub use error::{Result, TxnError};
 pub use manager::{
     now_ms, AppendNotifier, CommittedRead, CommittedReadError, TxnConfig, TxnManager,
@@ -23,3 +25,9 @@ pub use manager::{
 pub use marker::MarkerKind;
 pub use partition_state::AbortedTxn;
 pub use state::{TxnMetadata, TxnState};
+
+impl ProducerIdSource for crate::producer_ids::ProducerIdAllocator {
+    fn next_producer_id(&self) -> std::result::Result<i64, String> {
+        self.allocate().map_err(|e| e.to_string())
+    }
+}
