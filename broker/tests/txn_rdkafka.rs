@@ -90,7 +90,7 @@ async fn lso_holds_back_records_after_an_open_transaction() {
         flush(&plain);
         let rc = consumer(&bs, true, &[("lso", 0)]);
         // While the transaction is open only the record before it is visible.
-        let while_open = poll_records(&rc, 2, Duration::from_millis(1500));
+        let while_open = poll_records(&rc, 1, Duration::from_millis(1500));
         send(&tp, "lso", 0, "txn-2");
         flush(&tp);
         tp.commit_transaction(T).expect("commit");
@@ -104,5 +104,88 @@ async fn lso_holds_back_records_after_an_open_transaction() {
     assert_eq!(values(&after_commit), vec!["txn-1", "after", "txn-2"]);
     let offsets: Vec<i64> = after_commit.iter().map(|g| g.offset).collect();
     assert_eq!(offsets, vec![1, 2, 3], "order is by offset after the commit");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn second_producer_fences_the_first_and_its_data_stays_invisible() {
+    let broker = start_broker(1).await;
+    let bs = broker.bootstrap_servers();
+    let (committed, uncommitted, zombie_commit) = tokio::task::spawn_blocking(move || {
+        let p1 = txn_producer(&bs, "tx-fence", 30_000);
+        p1.begin_transaction().expect("begin");
+        send(&p1, "fence", 0, "zombie-1");
+        flush(&p1);
+        // Same transactional id: the broker aborts p1's transaction and bumps the epoch.
+        let p2 = txn_producer(&bs, "tx-fence", 30_000);
+        send(&p1, "fence", 0, "zombie-2");
+        let _ = p1.flush(Duration::from_secs(5));
+        let zombie_commit = p1.commit_transaction(Duration::from_secs(10));
+        p2.begin_transaction().expect("begin p2");
+        send(&p2, "fence", 0, "p2");
+        flush(&p2);
+        p2.commit_transaction(T).expect("p2 commit");
+        let rc = consumer(&bs, true, &[("fence", 0)]);
+        let committed = poll_records(&rc, 1, Duration::from_millis(1000));
+        let ru = consumer(&bs, false, &[("fence", 0)]);
+        let uncommitted = poll_records(&ru, 2, Duration::from_millis(1000));
+        (committed, uncommitted, zombie_commit.map_err(|e| e.to_string()))
+    })
+    .await
+    .expect("client thread");
+    assert!(zombie_commit.is_err(), "the fenced producer committed");
+    assert_eq!(values(&committed), vec!["p2"]);
+    let uv = values(&uncommitted);
+    assert!(uv.contains(&"zombie-1".to_string()) && uv.contains(&"p2".to_string()), "{uv:?}");
+    assert!(!uv.contains(&"zombie-2".to_string()), "a fenced write landed: {uv:?}");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn timed_out_transaction_is_aborted_and_the_late_commit_fails() {
+    let broker = start_broker(1).await;
+    let bs = broker.bootstrap_servers();
+    let (seen, late) = tokio::task::spawn_blocking(move || {
+        let p = txn_producer(&bs, "tx-timeout", 1_000);
+        p.begin_transaction().expect("begin");
+        send(&p, "tmo", 0, "stuck");
+        flush(&p);
+        let plain = plain_producer(&bs);
+        send(&plain, "tmo", 0, "after");
+        flush(&plain);
+        // The broker aborts the transaction after ~1 s; the reader then moves past it
+        // without the producer doing anything.
+        let rc = consumer(&bs, true, &[("tmo", 0)]);
+        let seen = poll_records(&rc, 1, Duration::from_millis(500));
+        let late = p.commit_transaction(Duration::from_secs(10));
+        (seen, late.map_err(|e| e.to_string()))
+    })
+    .await
+    .expect("client thread");
+    assert_eq!(values(&seen), vec!["after"]);
+    assert!(late.is_err(), "the late commit succeeded");
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transaction_timeout_above_the_broker_max_is_refused() {
+    let mut config = onceflow_broker::BrokerConfig::default();
+    config.transactions.max_transaction_timeout_ms = 5_000;
+    let broker = start_with(config).await;
+    let bs = broker.bootstrap_servers();
+    let res = tokio::task::spawn_blocking(move || {
+        let p: rdkafka::producer::BaseProducer = rdkafka::config::ClientConfig::new()
+            .set("bootstrap.servers", &bs)
+            .set("transactional.id", "tx-too-long")
+            .set("transaction.timeout.ms", "10000")
+            .create()
+            .expect("producer");
+        p.init_transactions(Duration::from_secs(10))
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .expect("client thread");
+    let err = res.expect_err("init_transactions must fail");
+    assert!(err.to_lowercase().contains("timeout"), "{err}");
     broker.shutdown().await;
 }
