@@ -20,7 +20,7 @@ use crate::handlers::{self, api_name, DispatchError};
 use crate::metrics;
 use crate::producer_ids::ProducerIdAllocator;
 use crate::state::BrokerState;
-use crate::storage::{FsyncPolicy, Store};
+use crate::storage::Store;
 
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -180,13 +180,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
             task.abort();
         });
     }
-    if let FsyncPolicy::Interval(every) = state.config.storage.fsync {
-        tokio::spawn(flush_periodically(
-            state.store.clone(),
-            every,
-            shutdown_rx.clone(),
-        ));
-    }
+    // With `FsyncPolicy::Interval` the store runs its own flusher thread.
     tracing::info!(%local_addr, advertised = %format!("{}:{}", state.advertised_host, state.advertised_port), "broker listening");
     let server = tokio::spawn(accept_loop(listener, Arc::clone(&state), shutdown_rx));
     Ok(BrokerHandle {
@@ -196,24 +190,6 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         server,
         state,
     })
-}
-
-async fn flush_periodically(store: Store, every: Duration, mut shutdown: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = crate::state::shutdown_signalled(&mut shutdown) => return,
-            _ = tick.tick() => {
-                let store = store.clone();
-                match tokio::task::spawn_blocking(move || store.flush_all()).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::error!(error = %e, "interval fsync failed"),
-                    Err(e) => tracing::error!(error = %e, "interval fsync task failed"),
-                }
-            }
-        }
-    }
 }
 
 async fn accept_loop(

@@ -29,7 +29,7 @@ pub async fn handle(
     ctx: &RequestContext,
     req: ProduceRequest,
 ) -> ProduceResponse {
-    let acks_ok = matches!(req.acks, 0 | 1 | -1);
+    let acks_ok = (-1..=1).contains(&req.acks);
     let mut names: Vec<TopicName> = Vec::with_capacity(req.topic_data.len());
     let mut jobs = Vec::new();
     for (topic_no, topic) in req.topic_data.into_iter().enumerate() {

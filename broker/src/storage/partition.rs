@@ -1,13 +1,26 @@
-//! One partition's log: append with offset assignment and producer checks, reads by offset,
-//! high watermark, log start offset and timestamp lookup.
+//! One partition's log: append with offset assignment and idempotent-producer checks, reads by
+//! offset through the sparse index, high watermark, log start offset, timestamp lookup, segment
+//! rolls, fsync policy and producer-state snapshots.
 
-use std::sync::Mutex;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 
+use super::backend::{BackendFile, StorageBackend};
 use super::batch::{self, BatchFault, BatchHeader};
+use super::config::FsyncPolicy;
 use super::error::{AppendError, ReadError, StorageError};
+use super::metrics::PartitionMetrics;
 use super::producer_state::{ProducerEntry, ProducerStates, SequenceCheck};
+use super::recovery;
+use super::segment::{self, HeaderWalker, Segment};
+use super::snapshot;
+
+/// Snapshots kept per partition (the newest ones).
+const SNAPSHOTS_KEPT: usize = 2;
 
 /// What a successful append reports back to the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,21 +37,35 @@ pub struct AppendOutcome {
     pub duplicate: bool,
 }
 
+/// The mutable state of a partition's log, guarded by the partition's mutex.
 #[derive(Debug)]
-struct StoredBatch {
-    base_offset: i64,
-    last_offset: i64,
-    max_timestamp: i64,
-    bytes: Bytes,
+pub(crate) struct LogState {
+    /// Segments in offset order; the last one is active.
+    pub segments: Vec<Segment>,
+    /// First offset in the log.
+    pub log_start: i64,
+    /// One past the last offset written.
+    pub log_end: i64,
+    /// One past the last offset readers may see (durable under every-batch fsync).
+    pub high_watermark: i64,
+    /// Idempotent-producer state after every batch below `log_end`.
+    pub producers: ProducerStates,
+    /// Offsets of the snapshot files present, ascending.
+    pub snapshots: Vec<i64>,
+    /// Data was written since the last fsync.
+    pub unsynced: bool,
+    /// An I/O failure left the tail in an unknown state: appends are refused until reopen.
+    pub failed: Option<String>,
+    /// The topic was deleted.
+    pub deleted: bool,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    batches: Vec<StoredBatch>,
-    log_start: i64,
-    log_end: i64,
-    producers: ProducerStates,
-    deleted: bool,
+/// Static facts a partition needs to do I/O.
+#[derive(Debug, Clone)]
+pub(crate) struct PartitionContext {
+    pub backend: Arc<dyn StorageBackend>,
+    pub fsync: FsyncPolicy,
+    pub segment_bytes: u64,
 }
 
 /// A partition of a topic. Internally synchronized; share it as `Arc<Partition>`.
@@ -46,7 +73,10 @@ struct State {
 pub struct Partition {
     topic: String,
     index: i32,
-    state: Mutex<State>,
+    dir: PathBuf,
+    ctx: PartitionContext,
+    state: Mutex<LogState>,
+    metrics: PartitionMetrics,
 }
 
 fn fault_to_error(f: BatchFault) -> AppendError {
@@ -57,12 +87,24 @@ fn fault_to_error(f: BatchFault) -> AppendError {
 }
 
 impl Partition {
-    pub(crate) fn new(topic: &str, index: i32) -> Self {
-        Partition {
+    /// Opens (recovering) or creates the partition stored in `dir`.
+    pub(crate) fn open(
+        ctx: PartitionContext,
+        topic: &str,
+        index: i32,
+        dir: PathBuf,
+    ) -> Result<Partition, StorageError> {
+        let state = recovery::recover(ctx.backend.as_ref(), &dir)?;
+        let metrics = PartitionMetrics::new(topic, index);
+        metrics.log_end_offset.set(state.log_end as f64);
+        Ok(Partition {
             topic: topic.to_string(),
             index,
-            state: Mutex::new(State::default()),
-        }
+            dir,
+            ctx,
+            state: Mutex::new(state),
+            metrics,
+        })
     }
 
     /// The topic this partition belongs to.
@@ -75,67 +117,83 @@ impl Partition {
         self.index
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    /// The partition's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LogState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn io_err(&self, path: &Path, e: io::Error) -> StorageError {
+        StorageError::io(path, e)
+    }
+
+    /// Marks the partition deleted: later appends fail with `UnknownTopic`.
     pub(crate) fn mark_deleted(&self) {
         self.lock().deleted = true;
     }
 
+    fn check_writable(&self, st: &LogState) -> Result<(), StorageError> {
+        if st.deleted {
+            return Err(StorageError::UnknownTopic(self.topic.clone()));
+        }
+        if let Some(why) = &st.failed {
+            return Err(StorageError::io(
+                &self.dir,
+                io::Error::other(format!("partition offline until restart: {why}")),
+            ));
+        }
+        Ok(())
+    }
+
     /// Appends the records field of a Produce request (one or more RecordBatch v2): validates
     /// magic and CRC-32C, runs the idempotent-producer checks, assigns offsets by rewriting
-    /// baseOffset only, and stores the bytes.
+    /// baseOffset only, stores the bytes and fsyncs per policy before returning.
     pub fn append(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
-        self.append_batches(records, false)
-    }
-
-    // onceflow-txn (broker-txn helper): entry point for transaction markers. BEGIN
-    /// Appends control batches (transaction markers) the coordinator built; clients may not
-    /// write them through [`Partition::append`].
-    pub fn append_control(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
-        self.append_batches(records, true)
-    }
-
-    fn append_batches(
-        &self,
-        records: Bytes,
-        allow_control: bool,
-    ) -> Result<AppendOutcome, AppendError> {
-        // onceflow-txn END
         let batches = batch::split_batches(&records).map_err(fault_to_error)?;
-        for (_, h) in &batches {
-            if h.is_control() && !allow_control {
-                return Err(AppendError::InvalidRecord(
-                    "clients may not write control batches".into(),
-                ));
-            }
+        if batches.iter().any(|(_, h)| h.is_control()) {
+            return Err(AppendError::InvalidRecord(
+                "clients may not write control batches".into(),
+            ));
         }
-        let mut st = self.lock();
-        if st.deleted {
-            return Err(StorageError::UnknownTopic(self.topic.clone()).into());
-        }
+        self.append_validated(&records, &batches)
+    }
+
+    /// Appends already validated batches (`batches` = positions and headers within `records`).
+    fn append_validated(
+        &self,
+        records: &[u8],
+        batches: &[(usize, BatchHeader)],
+    ) -> Result<AppendOutcome, AppendError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        self.check_writable(st)?;
         let mut staged: Vec<(i64, ProducerEntry)> = Vec::new();
         let mut next = st.log_end;
         let mut assigned: Vec<BatchHeader> = Vec::with_capacity(batches.len());
-        for (_, h) in &batches {
+        for (_, h) in batches {
             let current = staged
                 .iter()
                 .rev()
                 .find(|(p, _)| *p == h.producer_id)
                 .map(|(_, e)| e)
                 .or_else(|| st.producers.get(h.producer_id));
-            match ProducerStates::check(current, h)? {
-                SequenceCheck::Duplicate(m) => {
-                    return Ok(AppendOutcome {
-                        base_offset: m.base_offset,
-                        last_offset: m.last_offset,
-                        log_append_time: -1,
-                        log_start_offset: st.log_start,
-                        duplicate: true,
-                    })
+            if let SequenceCheck::Duplicate(m) = ProducerStates::check(current, h)? {
+                let outcome = AppendOutcome {
+                    base_offset: m.base_offset,
+                    last_offset: m.last_offset,
+                    log_append_time: -1,
+                    log_start_offset: st.log_start,
+                    duplicate: true,
+                };
+                if m.last_offset >= st.high_watermark {
+                    // The original is written but its fsync is still in flight: answer only
+                    // once it is durable.
+                    self.sync_tail(guard, m.last_offset + 1)?;
                 }
-                SequenceCheck::Append => {}
+                return Ok(outcome);
             }
             let mut h = *h;
             h.base_offset = next;
@@ -145,60 +203,206 @@ impl Partition {
             }
             assigned.push(h);
         }
-        let mut buf = BytesMut::from(&records[..]);
+        let mut buf = BytesMut::from(records);
         for ((pos, _), h) in batches.iter().zip(&assigned) {
             batch::set_base_offset(&mut buf[*pos..], h.base_offset);
         }
-        let buf = buf.freeze();
+        let active_size = st.segments.last().map_or(0, Segment::size);
+        if active_size > 0 && active_size + buf.len() as u64 > self.ctx.segment_bytes {
+            self.roll(st)?;
+        }
+        let Some(active) = st.segments.last_mut() else {
+            return Err(StorageError::Corrupt {
+                path: self.dir.clone(),
+                reason: "partition has no segment".into(),
+            }
+            .into());
+        };
+        let old_size = active.size();
+        let start = match active.log.append(&buf) {
+            Ok(pos) => pos,
+            Err(e) => {
+                let err = self.io_err(&active.log_path, e);
+                if let Err(e2) = active.log.truncate(old_size) {
+                    st.failed = Some(format!("append failed and could not be undone: {e2}"));
+                }
+                return Err(err.into());
+            }
+        };
         for ((pos, _), h) in batches.iter().zip(&assigned) {
-            st.batches.push(StoredBatch {
-                base_offset: h.base_offset,
-                last_offset: h.last_offset(),
-                max_timestamp: h.max_timestamp,
-                bytes: buf.slice(*pos..*pos + h.size),
-            });
+            active.note_batch(start + *pos as u64, h);
         }
         for (pid, e) in staged {
             st.producers.insert(pid, e);
         }
         let base_offset = st.log_end;
         st.log_end = next;
-        Ok(AppendOutcome {
+        st.unsynced = true;
+        self.metrics.bytes_appended.increment(buf.len() as u64);
+        self.metrics.log_end_offset.set(next as f64);
+        let outcome = AppendOutcome {
             base_offset,
             last_offset: next - 1,
             log_append_time: -1,
             log_start_offset: st.log_start,
             duplicate: false,
-        })
+        };
+        match self.ctx.fsync {
+            FsyncPolicy::EveryBatch => self.sync_tail(guard, next)?,
+            FsyncPolicy::Interval(_) | FsyncPolicy::Never => st.high_watermark = next,
+        }
+        Ok(outcome)
+    }
+
+    /// fsyncs the active segment without holding the lock, then exposes offsets below
+    /// `target` to readers. Concurrent appenders share the work: one fsync covers all.
+    fn sync_tail(&self, st: MutexGuard<'_, LogState>, target: i64) -> Result<(), StorageError> {
+        if st.high_watermark >= target {
+            return Ok(());
+        }
+        let Some(active) = st.segments.last() else {
+            return Ok(());
+        };
+        let file: Arc<dyn BackendFile> = Arc::clone(&active.log);
+        let path = active.log_path.clone();
+        drop(st);
+        let started = Instant::now();
+        let res = file.sync();
+        self.metrics
+            .fsync_seconds
+            .record(started.elapsed().as_secs_f64());
+        let mut st = self.lock();
+        match res {
+            Ok(()) => {
+                st.high_watermark = st.high_watermark.max(target);
+                Ok(())
+            }
+            Err(e) => {
+                st.failed = Some(format!("fsync of {} failed: {e}", path.display()));
+                Err(self.io_err(&path, e))
+            }
+        }
+    }
+
+    /// Seals the active segment (fsync, index) and starts a new one at the log end.
+    fn roll(&self, st: &mut LogState) -> Result<(), StorageError> {
+        let log_end = st.log_end;
+        if let Some(active) = st.segments.last_mut() {
+            let started = Instant::now();
+            active
+                .log
+                .sync()
+                .map_err(|e| self.io_err(&active.log_path, e))?;
+            self.metrics
+                .fsync_seconds
+                .record(started.elapsed().as_secs_f64());
+            active
+                .persist_index()
+                .map_err(|e| self.io_err(&active.log_path, e))?;
+        }
+        st.high_watermark = log_end;
+        st.unsynced = false;
+        let seg = Segment::create(self.ctx.backend.as_ref(), &self.dir, log_end)
+            .map_err(|e| self.io_err(&self.dir, e))?;
+        self.ctx
+            .backend
+            .sync_dir(&self.dir)
+            .map_err(|e| self.io_err(&self.dir, e))?;
+        tracing::debug!(topic = %self.topic, partition = self.index, base_offset = log_end, "rolled segment");
+        st.segments.push(seg);
+        self.write_snapshot(st)
+    }
+
+    /// Writes a producer-state snapshot at the log end and prunes old ones.
+    fn write_snapshot(&self, st: &mut LogState) -> Result<(), StorageError> {
+        let offset = st.log_end;
+        if st.snapshots.last() == Some(&offset) {
+            return Ok(());
+        }
+        let path = self.dir.join(segment::file_name(offset, "snapshot"));
+        self.ctx
+            .backend
+            .write_file_atomic(&path, &snapshot::encode(offset, &st.producers))
+            .map_err(|e| self.io_err(&path, e))?;
+        st.snapshots.push(offset);
+        while st.snapshots.len() > SNAPSHOTS_KEPT {
+            let old = st.snapshots.remove(0);
+            let old_path = self.dir.join(segment::file_name(old, "snapshot"));
+            if let Err(e) = self.ctx.backend.remove_file(&old_path) {
+                tracing::warn!(file = %old_path.display(), error = %e, "could not remove old snapshot");
+            }
+        }
+        Ok(())
+    }
+
+    /// fsyncs unsynced data and persists pending index entries; with `snapshot`, also writes a
+    /// producer-state snapshot if the log moved since the last one.
+    pub(crate) fn flush(&self, snapshot: bool) -> Result<(), StorageError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if st.deleted || st.failed.is_some() {
+            return Ok(());
+        }
+        let log_end = st.log_end;
+        if let Some(active) = st.segments.last_mut() {
+            if st.unsynced {
+                let started = Instant::now();
+                active
+                    .log
+                    .sync()
+                    .map_err(|e| self.io_err(&active.log_path, e))?;
+                self.metrics
+                    .fsync_seconds
+                    .record(started.elapsed().as_secs_f64());
+            }
+            active
+                .persist_index()
+                .map_err(|e| self.io_err(&active.log_path, e))?;
+        }
+        st.unsynced = false;
+        st.high_watermark = log_end;
+        if snapshot {
+            self.write_snapshot(st)?;
+        }
+        Ok(())
     }
 
     /// Whole stored batches from the one containing `fetch_offset` up to the high watermark,
-    /// at most `max_bytes` except that the first batch is always whole (KIP-74).
+    /// at most `max_bytes` except that the first batch is always whole (KIP-74). Empty when
+    /// `fetch_offset` is the high watermark.
     pub fn read(&self, fetch_offset: i64, max_bytes: usize) -> Result<Bytes, ReadError> {
-        let st = self.lock();
-        if fetch_offset < st.log_start || fetch_offset > st.log_end {
-            return Err(ReadError::OffsetOutOfRange {
-                log_start: st.log_start,
-                high_watermark: st.log_end,
-            });
-        }
-        if fetch_offset == st.log_end {
-            return Ok(Bytes::new());
-        }
-        let first = st.batches.partition_point(|b| b.last_offset < fetch_offset);
-        let mut out = BytesMut::new();
-        for b in &st.batches[first..] {
-            if !out.is_empty() && out.len() + b.bytes.len() > max_bytes {
-                break;
+        let (file, path, start, size, limit) = {
+            let st = self.lock();
+            if fetch_offset < st.log_start || fetch_offset > st.high_watermark {
+                return Err(ReadError::OffsetOutOfRange {
+                    log_start: st.log_start,
+                    high_watermark: st.high_watermark,
+                });
             }
-            out.extend_from_slice(&b.bytes);
-        }
-        Ok(out.freeze())
+            if fetch_offset == st.high_watermark {
+                return Ok(Bytes::new());
+            }
+            let i = st
+                .segments
+                .partition_point(|s| s.base_offset <= fetch_offset)
+                .saturating_sub(1);
+            let seg = &st.segments[i];
+            let (start, _) = seg.locate(fetch_offset);
+            (
+                Arc::clone(&seg.log),
+                seg.log_path.clone(),
+                start,
+                seg.size(),
+                st.high_watermark,
+            )
+        };
+        segment::read_batches(file.as_ref(), start, size, fetch_offset, limit, max_bytes)
+            .map_err(|e| ReadError::Storage(StorageError::io(path, e)))
     }
 
     /// The high watermark: one past the last offset readers may see.
     pub fn high_watermark(&self) -> i64 {
-        self.lock().log_end
+        self.lock().high_watermark
     }
 
     /// The first offset still in the log.
@@ -206,12 +410,38 @@ impl Partition {
         self.lock().log_start
     }
 
-    /// The first offset whose batch max timestamp is >= `ts`, with that timestamp.
+    /// One past the last offset written (equal to the high watermark except while an
+    /// every-batch fsync is in flight).
+    pub fn log_end_offset(&self) -> i64 {
+        self.lock().log_end
+    }
+
+    /// The first batch whose max timestamp is >= `ts`: its base offset and max timestamp.
+    /// `None` if no visible batch qualifies (or the lookup hit an I/O error, which is logged).
     pub fn offset_for_timestamp(&self, ts: i64) -> Option<(i64, i64)> {
         let st = self.lock();
-        st.batches
-            .iter()
-            .find(|b| b.max_timestamp >= ts)
-            .map(|b| (b.base_offset, b.max_timestamp))
+        for seg in st.segments.iter().filter(|s| s.max_timestamp >= ts) {
+            let mut walker = HeaderWalker::new(seg.log.as_ref(), seg.size());
+            let mut pos = seg.locate_timestamp(ts);
+            loop {
+                match walker.header_at(pos) {
+                    Ok(Some(Ok(h))) => {
+                        if h.base_offset >= st.high_watermark {
+                            return None;
+                        }
+                        if h.max_timestamp >= ts {
+                            return Some((h.base_offset, h.max_timestamp));
+                        }
+                        pos += h.size as u64;
+                    }
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::warn!(file = %seg.log_path.display(), error = %e, "timestamp lookup failed");
+                        return None;
+                    }
+                }
+            }
+        }
+        None
     }
 }

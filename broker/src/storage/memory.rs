@@ -1,0 +1,350 @@
+//! The in-memory backend: the log's files as byte vectors behind the same seam as the disk.
+//! It models durability (what a crash would keep) so tests can freeze fsync after the Nth call,
+//! fail writes, and reopen a store on the [`MemBackend::crash_image`] of another.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use super::backend::{BackendFile, DirEntry, StorageBackend};
+
+/// Counters of injected faults; negative means "never fail".
+#[derive(Debug)]
+struct Faults {
+    syncs_left: AtomicI64,
+    writes_left: AtomicI64,
+}
+
+impl Faults {
+    /// Consumes one unit of `counter`; false once it is exhausted.
+    fn take(counter: &AtomicI64) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| match n {
+                n if n < 0 => Some(n),
+                0 => None,
+                n => Some(n - 1),
+            })
+            .is_ok()
+    }
+    fn sync(&self) -> io::Result<()> {
+        if Self::take(&self.syncs_left) {
+            Ok(())
+        } else {
+            Err(io::Error::other("injected fsync failure"))
+        }
+    }
+    fn write(&self) -> io::Result<()> {
+        if Self::take(&self.writes_left) {
+            Ok(())
+        } else {
+            Err(io::Error::other("injected write failure"))
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct MemData {
+    bytes: Vec<u8>,
+    /// Length of the prefix that a crash keeps.
+    synced: usize,
+    /// Whether the file's directory entry survives a crash.
+    durable_entry: bool,
+}
+
+/// A file of the [`MemBackend`].
+#[derive(Debug)]
+struct MemFile {
+    data: Mutex<MemData>,
+    faults: Arc<Faults>,
+}
+
+impl MemFile {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemData> {
+        self.data.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl BackendFile for MemFile {
+    fn len(&self) -> u64 {
+        self.lock().bytes.len() as u64
+    }
+
+    fn append(&self, data: &[u8]) -> io::Result<u64> {
+        self.faults.write()?;
+        let mut d = self.lock();
+        let pos = d.bytes.len() as u64;
+        d.bytes.extend_from_slice(data);
+        Ok(pos)
+    }
+
+    fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
+        let d = self.lock();
+        let start = usize::try_from(pos)
+            .unwrap_or(usize::MAX)
+            .min(d.bytes.len());
+        let end = start.saturating_add(len).min(d.bytes.len());
+        Ok(Bytes::copy_from_slice(&d.bytes[start..end]))
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.faults.sync()?;
+        let mut d = self.lock();
+        d.synced = d.bytes.len();
+        Ok(())
+    }
+
+    fn truncate(&self, len: u64) -> io::Result<()> {
+        self.faults.write()?;
+        let mut d = self.lock();
+        let len = usize::try_from(len)
+            .unwrap_or(usize::MAX)
+            .min(d.bytes.len());
+        d.bytes.truncate(len);
+        d.synced = d.synced.min(len);
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Tree {
+    dirs: BTreeSet<PathBuf>,
+    files: BTreeMap<PathBuf, Arc<MemFile>>,
+}
+
+/// The in-memory backend. Clones share the same files.
+#[derive(Debug, Clone)]
+pub struct MemBackend {
+    tree: Arc<Mutex<Tree>>,
+    faults: Arc<Faults>,
+}
+
+impl Default for MemBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemBackend {
+    /// An empty backend that never fails.
+    pub fn new() -> Self {
+        MemBackend {
+            tree: Arc::new(Mutex::new(Tree::default())),
+            faults: Arc::new(Faults {
+                syncs_left: AtomicI64::new(-1),
+                writes_left: AtomicI64::new(-1),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tree> {
+        self.tree.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// After `n` more successful syncs (file syncs, directory syncs and atomic writes), every
+    /// later one fails: nothing written afterwards becomes durable.
+    pub fn fail_syncs_after(&self, n: u64) {
+        self.faults
+            .syncs_left
+            .store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::SeqCst);
+    }
+
+    /// After `n` more successful writes (appends and truncations), every later one fails.
+    pub fn fail_writes_after(&self, n: u64) {
+        self.faults
+            .writes_left
+            .store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::SeqCst);
+    }
+
+    /// A new, fault-free backend holding only what a crash right now would leave: files whose
+    /// directory entry was synced, cut to their synced length.
+    pub fn crash_image(&self) -> MemBackend {
+        let image = MemBackend::new();
+        {
+            let tree = self.lock();
+            let mut out = image.lock();
+            out.dirs = tree.dirs.clone();
+            for (path, file) in &tree.files {
+                let d = file.lock();
+                if !d.durable_entry {
+                    continue;
+                }
+                let kept = d.bytes[..d.synced].to_vec();
+                let synced = kept.len();
+                out.files.insert(
+                    path.clone(),
+                    Arc::new(MemFile {
+                        data: Mutex::new(MemData {
+                            bytes: kept,
+                            synced,
+                            durable_entry: true,
+                        }),
+                        faults: Arc::clone(&image.faults),
+                    }),
+                );
+            }
+        }
+        image
+    }
+
+    fn check_parent(tree: &Tree, path: &Path) -> io::Result<()> {
+        match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() && !tree.dirs.contains(p) => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("directory {} does not exist", p.display()),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl StorageBackend for MemBackend {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut tree = self.lock();
+        for a in dir.ancestors() {
+            if !a.as_os_str().is_empty() {
+                tree.dirs.insert(a.to_path_buf());
+            }
+        }
+        Ok(())
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<DirEntry>> {
+        let tree = self.lock();
+        if !tree.dirs.contains(dir) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("directory {} does not exist", dir.display()),
+            ));
+        }
+        let name_of = |p: &Path| p.file_name().and_then(|n| n.to_str()).map(str::to_string);
+        let mut out: Vec<DirEntry> = tree
+            .dirs
+            .iter()
+            .filter(|d| d.parent() == Some(dir))
+            .filter_map(|d| name_of(d).map(|name| DirEntry { name, is_dir: true }))
+            .chain(
+                tree.files
+                    .keys()
+                    .filter(|f| f.parent() == Some(dir))
+                    .filter_map(|f| {
+                        name_of(f).map(|name| DirEntry {
+                            name,
+                            is_dir: false,
+                        })
+                    }),
+            )
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn BackendFile>> {
+        let mut tree = self.lock();
+        if let Some(f) = tree.files.get(path) {
+            return Ok(Arc::clone(f) as Arc<dyn BackendFile>);
+        }
+        Self::check_parent(&tree, path)?;
+        let f = Arc::new(MemFile {
+            data: Mutex::new(MemData::default()),
+            faults: Arc::clone(&self.faults),
+        });
+        tree.files.insert(path.to_path_buf(), Arc::clone(&f));
+        Ok(f)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        self.lock().files.remove(path);
+        Ok(())
+    }
+
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut tree = self.lock();
+        tree.files.retain(|p, _| !p.starts_with(dir));
+        tree.dirs.retain(|p| !p.starts_with(dir));
+        Ok(())
+    }
+
+    fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        let tree = self.lock();
+        Ok(tree.files.get(path).map(|f| f.lock().bytes.clone()))
+    }
+
+    fn write_file_atomic(&self, path: &Path, data: &[u8]) -> io::Result<()> {
+        self.faults.write()?;
+        self.faults.sync()?;
+        let mut tree = self.lock();
+        Self::check_parent(&tree, path)?;
+        let f = Arc::new(MemFile {
+            data: Mutex::new(MemData {
+                bytes: data.to_vec(),
+                synced: data.len(),
+                durable_entry: true,
+            }),
+            faults: Arc::clone(&self.faults),
+        });
+        tree.files.insert(path.to_path_buf(), f);
+        Ok(())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.faults.sync()?;
+        let tree = self.lock();
+        for (p, f) in &tree.files {
+            if p.parent() == Some(dir) {
+                f.lock().durable_entry = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_image_keeps_only_synced_prefix_of_synced_entries() {
+        let b = MemBackend::new();
+        let dir = Path::new("/m/t-0");
+        b.create_dir_all(dir).unwrap();
+        let f = b.open(&dir.join("a")).unwrap();
+        f.append(b"durable").unwrap();
+        f.sync().unwrap();
+        f.append(b"-lost").unwrap();
+        let unlisted = b.open(&dir.join("b")).unwrap();
+        unlisted.append(b"x").unwrap();
+        unlisted.sync().unwrap();
+        // Neither directory entry is synced yet: a crash loses both files.
+        let img = b.crash_image();
+        assert_eq!(img.read_file(&dir.join("a")).unwrap(), None);
+        b.sync_dir(dir).unwrap();
+        let img = b.crash_image();
+        assert_eq!(
+            img.read_file(&dir.join("a")).unwrap(),
+            Some(b"durable".to_vec())
+        );
+        assert_eq!(img.read_file(&dir.join("b")).unwrap(), Some(b"x".to_vec()));
+    }
+
+    #[test]
+    fn syncs_fail_after_budget() {
+        let b = MemBackend::new();
+        b.create_dir_all(Path::new("/d")).unwrap();
+        let f = b.open(Path::new("/d/f")).unwrap();
+        b.sync_dir(Path::new("/d")).unwrap();
+        b.fail_syncs_after(1);
+        f.append(b"one").unwrap();
+        f.sync().unwrap();
+        f.append(b"two").unwrap();
+        assert!(f.sync().is_err());
+        assert_eq!(
+            b.crash_image().read_file(Path::new("/d/f")).unwrap(),
+            Some(b"one".to_vec())
+        );
+        assert!(b.open(Path::new("/nodir/f")).is_err());
+    }
+}

@@ -1,0 +1,253 @@
+//! Opening a partition directory after a clean shutdown or a crash: load each segment's index
+//! (dropping a damaged tail), validate every batch after the last trusted index entry (length,
+//! magic, CRC-32C, contiguous offsets), cut torn or corrupt tails with a warning, then rebuild
+//! producer state from the newest valid snapshot plus a replay of the log after it.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::backend::StorageBackend;
+use super::error::{Result, StorageError};
+use super::index::{self, IndexEntry, INDEX_INTERVAL_BYTES};
+use super::metrics::RECOVERY_TRUNCATIONS;
+use super::partition::LogState;
+use super::producer_state::ProducerStates;
+use super::segment::{self, HeaderWalker, Segment};
+use super::snapshot;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
+    move |e| StorageError::io(path, e)
+}
+
+/// Recovers (or creates) the partition in `dir`.
+pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path) -> Result<LogState> {
+    backend.create_dir_all(dir).map_err(io(dir))?;
+    let mut logs = BTreeSet::new();
+    let mut indexes = BTreeSet::new();
+    let mut snapshots = BTreeSet::new();
+    for entry in backend.list(dir).map_err(io(dir))? {
+        if entry.is_dir {
+            continue;
+        }
+        if entry.name.ends_with(".tmp") {
+            let p = dir.join(&entry.name);
+            backend.remove_file(&p).map_err(io(&p))?;
+            continue;
+        }
+        match segment::parse_file_name(&entry.name) {
+            Some((base, "log")) => {
+                logs.insert(base);
+            }
+            Some((base, "index")) => {
+                indexes.insert(base);
+            }
+            Some((base, "snapshot")) => {
+                snapshots.insert(base);
+            }
+            _ => {
+                tracing::warn!(file = %dir.join(&entry.name).display(), "ignoring unknown file in partition directory")
+            }
+        }
+    }
+    for orphan in indexes.difference(&logs) {
+        let p = dir.join(segment::file_name(*orphan, "index"));
+        backend.remove_file(&p).map_err(io(&p))?;
+    }
+    let mut segments: Vec<Segment> = Vec::new();
+    if logs.is_empty() {
+        segments.push(Segment::create(backend, dir, 0).map_err(io(dir))?);
+        backend.sync_dir(dir).map_err(io(dir))?;
+    }
+    let bases: Vec<i64> = logs.into_iter().collect();
+    let mut i = 0;
+    while i < bases.len() {
+        let base = bases[i];
+        if let Some(prev) = segments.last() {
+            if prev.next_offset != base {
+                tracing::warn!(
+                    dir = %dir.display(), expected = prev.next_offset, found = base,
+                    "segment does not continue the log; removing it and later segments"
+                );
+                remove_segments(backend, dir, &bases[i..])?;
+                break;
+            }
+        }
+        let (seg, cut) = recover_segment(backend, dir, base)?;
+        segments.push(seg);
+        i += 1;
+        if cut && i < bases.len() {
+            tracing::warn!(
+                dir = %dir.display(), from = bases[i],
+                "removing segments after a corrupt one"
+            );
+            remove_segments(backend, dir, &bases[i..])?;
+            break;
+        }
+    }
+    let log_start = segments.first().map_or(0, |s| s.base_offset);
+    let log_end = segments.last().map_or(0, |s| s.next_offset);
+    let (producers, kept) =
+        recover_producers(backend, dir, &segments, snapshots, log_start, log_end)?;
+    let mut state = LogState {
+        segments,
+        log_start,
+        log_end,
+        high_watermark: log_end,
+        producers,
+        snapshots: kept,
+        unsynced: false,
+        failed: None,
+        deleted: false,
+    };
+    if state.snapshots.last() != Some(&log_end) {
+        let path = dir.join(segment::file_name(log_end, "snapshot"));
+        backend
+            .write_file_atomic(&path, &snapshot::encode(log_end, &state.producers))
+            .map_err(io(&path))?;
+        state.snapshots.push(log_end);
+        while state.snapshots.len() > 2 {
+            let old = state.snapshots.remove(0);
+            let p = dir.join(segment::file_name(old, "snapshot"));
+            backend.remove_file(&p).map_err(io(&p))?;
+        }
+    }
+    Ok(state)
+}
+
+fn remove_segments(backend: &dyn StorageBackend, dir: &Path, bases: &[i64]) -> Result<()> {
+    for base in bases {
+        for ext in ["log", "index"] {
+            let p = dir.join(segment::file_name(*base, ext));
+            backend.remove_file(&p).map_err(io(&p))?;
+        }
+    }
+    backend.sync_dir(dir).map_err(io(dir))
+}
+
+/// Recovers one segment; the flag says whether its tail had to be cut.
+fn recover_segment(backend: &dyn StorageBackend, dir: &Path, base: i64) -> Result<(Segment, bool)> {
+    let log_path = dir.join(segment::file_name(base, "log"));
+    let index_path = dir.join(segment::file_name(base, "index"));
+    let log = backend.open(&log_path).map_err(io(&log_path))?;
+    let len = log.len();
+    let stored = backend.read_file(&index_path).map_err(io(&index_path))?;
+    let loaded = index::load(stored.as_deref(), base, len);
+    let mut entries = loaded.entries;
+    let mut rewrite = loaded.damaged;
+    if let Some(last) = entries.last().copied() {
+        let mut walker = HeaderWalker::new(log.as_ref(), len);
+        let matches = matches!(walker.header_at(last.position), Ok(Some(Ok(h))) if h.base_offset == last.offset);
+        if !matches {
+            tracing::warn!(file = %index_path.display(), "index does not match the log; rebuilding it");
+            entries.clear();
+            rewrite = true;
+        }
+    }
+    let (start_pos, start_offset, mut max_ts) = entries.last().map_or((0, base, i64::MIN), |e| {
+        (e.position, e.offset, e.max_ts_before)
+    });
+    let mut last_entry_pos = start_pos;
+    let before = entries.len();
+    let end = segment::scan_validate(log.as_ref(), start_pos, start_offset, |pos, h| {
+        if pos >= last_entry_pos + INDEX_INTERVAL_BYTES {
+            entries.push(IndexEntry {
+                offset: h.base_offset,
+                position: pos,
+                max_ts_before: max_ts,
+            });
+            last_entry_pos = pos;
+        }
+        max_ts = max_ts.max(h.max_timestamp);
+    })
+    .map_err(io(&log_path))?;
+    rewrite |= entries.len() != before;
+    let cut = end.fault.is_some();
+    if let Some(reason) = &end.fault {
+        tracing::warn!(
+            file = %log_path.display(), position = end.valid_end, offset = end.next_offset,
+            dropped_bytes = len - end.valid_end, %reason,
+            "truncating torn or corrupt log tail; it will not be served"
+        );
+        metrics::counter!(RECOVERY_TRUNCATIONS).increment(1);
+        log.truncate(end.valid_end).map_err(io(&log_path))?;
+        log.sync().map_err(io(&log_path))?;
+    }
+    let seg = Segment::recovered(
+        backend,
+        dir,
+        base,
+        end.next_offset,
+        max_ts,
+        log,
+        entries,
+        rewrite,
+    )
+    .map_err(io(&index_path))?;
+    Ok((seg, cut))
+}
+
+/// Loads the newest valid snapshot at or below `log_end` (deleting newer or damaged ones) and
+/// replays the log after it. Returns the state and the snapshot offsets kept.
+fn recover_producers(
+    backend: &dyn StorageBackend,
+    dir: &Path,
+    segments: &[Segment],
+    snapshots: BTreeSet<i64>,
+    log_start: i64,
+    log_end: i64,
+) -> Result<(ProducerStates, Vec<i64>)> {
+    let mut kept = Vec::new();
+    let mut loaded: Option<(i64, ProducerStates)> = None;
+    for off in snapshots.into_iter().rev() {
+        let path = dir.join(segment::file_name(off, "snapshot"));
+        if loaded.is_some() {
+            kept.push(off);
+            continue;
+        }
+        let verdict = if off > log_end || off < log_start {
+            Err(format!(
+                "snapshot offset outside the log [{log_start}, {log_end}]"
+            ))
+        } else {
+            match backend.read_file(&path).map_err(io(&path))? {
+                None => Err("vanished".to_string()),
+                Some(bytes) => snapshot::decode(&bytes).and_then(|(o, s)| {
+                    if o == off {
+                        Ok((o, s))
+                    } else {
+                        Err(format!("snapshot names offset {off} but holds {o}"))
+                    }
+                }),
+            }
+        };
+        match verdict {
+            Ok(state) => {
+                kept.push(off);
+                loaded = Some(state);
+            }
+            Err(reason) => {
+                tracing::warn!(file = %path.display(), %reason, "discarding producer-state snapshot");
+                backend.remove_file(&path).map_err(io(&path))?;
+            }
+        }
+    }
+    kept.reverse();
+    let (from, mut producers) = loaded.unwrap_or((log_start, ProducerStates::default()));
+    for seg in segments.iter().filter(|s| s.next_offset > from) {
+        let mut walker = HeaderWalker::new(seg.log.as_ref(), seg.size());
+        let (mut pos, _) = seg.locate(from);
+        loop {
+            match walker.header_at(pos) {
+                Ok(Some(Ok(h))) => {
+                    if h.base_offset >= from {
+                        producers.replay(&h);
+                    }
+                    pos += h.size as u64;
+                }
+                Ok(_) => break,
+                Err(e) => return Err(StorageError::io(&seg.log_path, e)),
+            }
+        }
+    }
+    Ok((producers, kept))
+}
