@@ -5,21 +5,17 @@ use std::str::FromStr;
 use std::time::Duration;
 
 /// When appended data is forced to stable storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FsyncPolicy {
     /// fsync the segment before `Partition::append` returns: every acknowledged batch survives
     /// a kill -9 or power loss.
+    #[default]
     EveryBatch,
-    /// A background thread started by `Store::open` calls `Store::flush_all` at this interval.
+    /// A background thread started by `Store::open` calls `Store::sync_data` at this interval
+    /// (snapshots are written at segment rolls and by `Store::flush_all`).
     Interval(Duration),
     /// Never fsync on the append path; only `Store::flush_all` (shutdown) and segment rolls sync.
     Never,
-}
-
-impl Default for FsyncPolicy {
-    fn default() -> Self {
-        FsyncPolicy::EveryBatch
-    }
 }
 
 /// The reason a `--fsync` value was refused (the operator's input error; retrying will not help).

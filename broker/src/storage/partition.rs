@@ -20,7 +20,7 @@ use super::segment::{self, HeaderWalker, Segment};
 use super::snapshot;
 
 /// Snapshots kept per partition (the newest ones).
-const SNAPSHOTS_KEPT: usize = 2;
+pub(crate) const SNAPSHOTS_KEPT: usize = 2;
 
 /// What a successful append reports back to the producer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +161,43 @@ impl Partition {
         self.append_validated(&records, &batches)
     }
 
+    /// Appends control batches (transaction markers: COMMIT/ABORT built by the transaction
+    /// coordinator, see [`batch::encode_batch`]) that clients may not write through
+    /// [`Partition::append`]. Markers skip sequence checks (they carry sequence -1) but not the
+    /// epoch check: a marker with an older epoch than the producer's is refused with
+    /// `InvalidProducerEpoch`; one with a newer epoch (the coordinator bumped it to fence a
+    /// producer) becomes the producer's epoch, whose next data batch must start at sequence 0.
+    /// A marker closes the producer's open transaction on this partition
+    /// (`ProducerEntry::txn_first_offset`).
+    pub fn append_control(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
+        let batches = batch::split_batches(&records).map_err(fault_to_error)?;
+        if let Some((_, h)) = batches.iter().find(|(_, h)| !h.is_control()) {
+            return Err(AppendError::InvalidRecord(format!(
+                "append_control takes control batches only (attributes {:#x})",
+                h.attributes
+            )));
+        }
+        self.append_validated(&records, &batches)
+    }
+
+    /// A copy of the producer state of `producer_id` on this partition, if known.
+    pub fn producer_state(&self, producer_id: i64) -> Option<ProducerEntry> {
+        self.lock().producers.get(producer_id).cloned()
+    }
+
+    /// Producers with an open transaction on this partition: (producer id, first offset),
+    /// ordered by first offset.
+    pub fn open_transactions(&self) -> Vec<(i64, i64)> {
+        let st = self.lock();
+        let mut open: Vec<(i64, i64)> = st
+            .producers
+            .iter()
+            .filter_map(|(pid, e)| e.txn_first_offset.map(|first| (*pid, first)))
+            .collect();
+        open.sort_by_key(|(pid, first)| (*first, *pid));
+        open
+    }
+
     /// Appends already validated batches (`batches` = positions and headers within `records`).
     fn append_validated(
         &self,
@@ -209,7 +246,11 @@ impl Partition {
         }
         let active_size = st.segments.last().map_or(0, Segment::size);
         if active_size > 0 && active_size + buf.len() as u64 > self.ctx.segment_bytes {
-            self.roll(st)?;
+            if let Err(e) = self.roll(st) {
+                // After a failed fsync nothing is known about what reached the disk.
+                st.failed = Some(format!("segment roll failed: {e}"));
+                return Err(e.into());
+            }
         }
         let Some(active) = st.segments.last_mut() else {
             return Err(StorageError::Corrupt {
@@ -339,7 +380,15 @@ impl Partition {
     /// producer-state snapshot if the log moved since the last one.
     pub(crate) fn flush(&self, snapshot: bool) -> Result<(), StorageError> {
         let mut guard = self.lock();
-        let st = &mut *guard;
+        let res = self.flush_locked(&mut guard, snapshot);
+        if let Err(e) = &res {
+            guard.failed = Some(format!("flush failed: {e}"));
+        }
+        res
+    }
+
+    fn flush_locked(&self, guard: &mut LogState, snapshot: bool) -> Result<(), StorageError> {
+        let st = guard;
         if st.deleted || st.failed.is_some() {
             return Ok(());
         }

@@ -106,8 +106,8 @@ impl ProducerStates {
                 got: h.producer_epoch,
             });
         }
-        // onceflow-txn (broker-txn helper): markers carry sequence -1; only the epoch counts.
         if h.is_control() {
+            // Transaction markers carry sequence -1: only the epoch counts.
             return Ok(SequenceCheck::Append);
         }
         if h.producer_epoch == e.epoch {

@@ -10,7 +10,7 @@ use super::backend::StorageBackend;
 use super::error::{Result, StorageError};
 use super::index::{self, IndexEntry, INDEX_INTERVAL_BYTES};
 use super::metrics::RECOVERY_TRUNCATIONS;
-use super::partition::LogState;
+use super::partition::{LogState, SNAPSHOTS_KEPT};
 use super::producer_state::ProducerStates;
 use super::segment::{self, HeaderWalker, Segment};
 use super::snapshot;
@@ -99,13 +99,14 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path) -> Result<LogSta
         failed: None,
         deleted: false,
     };
-    if state.snapshots.last() != Some(&log_end) {
+    // A snapshot at the log end spares the next open this replay (an empty log needs none).
+    if state.snapshots.last() != Some(&log_end) && log_end > log_start {
         let path = dir.join(segment::file_name(log_end, "snapshot"));
         backend
             .write_file_atomic(&path, &snapshot::encode(log_end, &state.producers))
             .map_err(io(&path))?;
         state.snapshots.push(log_end);
-        while state.snapshots.len() > 2 {
+        while state.snapshots.len() > SNAPSHOTS_KEPT {
             let old = state.snapshots.remove(0);
             let p = dir.join(segment::file_name(old, "snapshot"));
             backend.remove_file(&p).map_err(io(&p))?;

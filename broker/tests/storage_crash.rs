@@ -1,0 +1,234 @@
+//! Crash and fault-injection tests through the storage seam: the in-memory backend models what
+//! a crash keeps (synced bytes of synced directory entries), freezes fsync after the Nth call
+//! and fails writes, and the store is reopened on the crash image.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use onceflow_broker::storage::batch::{encode_batch, set_base_offset, BatchSpec, RecordSpec};
+use onceflow_broker::storage::{
+    AppendError, FsyncPolicy, MemBackend, StorageConfig, StorageError, Store,
+};
+
+const ROOT: &str = "/crash";
+
+fn open(backend: &MemBackend, fsync: FsyncPolicy, segment_bytes: u64) -> Store {
+    let config = StorageConfig {
+        data_dir: None,
+        segment_bytes,
+        fsync,
+    };
+    Store::open_with_backend(config, Arc::new(backend.clone()), Path::new(ROOT)).expect("open")
+}
+
+fn idem(seq: i32, records: usize, value_len: usize) -> Bytes {
+    let value = vec![b'x'; value_len];
+    let recs = vec![
+        RecordSpec {
+            timestamp: 5,
+            key: None,
+            value: Some(&value),
+            headers: vec![],
+        };
+        records
+    ];
+    encode_batch(
+        BatchSpec {
+            producer_id: 11,
+            producer_epoch: 0,
+            base_sequence: seq,
+            ..BatchSpec::default()
+        },
+        &recs,
+    )
+    .freeze()
+}
+
+fn whole_log(store: &Store) -> Vec<u8> {
+    let p = store.partition("t", 0).expect("partition");
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset < p.high_watermark() {
+        let chunk = p.read(offset, usize::MAX).expect("read");
+        let mut pos = 0;
+        while pos < chunk.len() {
+            let len =
+                i32::from_be_bytes(chunk[pos + 8..pos + 12].try_into().unwrap()) as usize + 12;
+            let base = i64::from_be_bytes(chunk[pos..pos + 8].try_into().unwrap());
+            let delta = i32::from_be_bytes(chunk[pos + 23..pos + 27].try_into().unwrap());
+            offset = base + i64::from(delta) + 1;
+            pos += len;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    out
+}
+
+/// Appends batches of a growing sequence; returns the stored bytes of each acknowledged one.
+fn append_until_error(store: &Store, count: usize) -> (Vec<Vec<u8>>, Option<AppendError>) {
+    let p = store.partition("t", 0).expect("partition");
+    let mut acked = Vec::new();
+    let mut seq = 0;
+    for i in 0..count {
+        let n = 1 + i % 4;
+        let b = idem(seq, n, 20 + (i * 13) % 200);
+        match p.append(b.clone()) {
+            Ok(out) => {
+                assert!(!out.duplicate);
+                let mut v = b.to_vec();
+                set_base_offset(&mut v, out.base_offset);
+                acked.push(v);
+                seq += n as i32;
+            }
+            Err(e) => return (acked, Some(e)),
+        }
+    }
+    (acked, None)
+}
+
+#[test]
+fn every_batch_acknowledgements_survive_a_crash_at_any_point() {
+    for stop in [0usize, 1, 2, 7, 20, 45] {
+        let backend = MemBackend::new();
+        let store = open(&backend, FsyncPolicy::EveryBatch, 700);
+        store.create_topic("t", 1).unwrap();
+        let (acked, err) = append_until_error(&store, stop);
+        assert!(err.is_none());
+        let image = backend.crash_image();
+        drop(store);
+        let store = open(&image, FsyncPolicy::EveryBatch, 700);
+        assert_eq!(
+            whole_log(&store),
+            acked.concat(),
+            "crash after {stop} appends"
+        );
+        // Producer state came back too: the last batch is a duplicate, the next one follows.
+        let p = store.partition("t", 0).unwrap();
+        let next_seq: i32 = (0..stop).map(|i| 1 + (i % 4) as i32).sum();
+        if stop > 0 {
+            let last_n = 1 + (stop - 1) % 4;
+            let last = idem(
+                next_seq - last_n as i32,
+                last_n,
+                20 + ((stop - 1) * 13) % 200,
+            );
+            assert!(p.append(last).unwrap().duplicate);
+        }
+        assert!(!p.append(idem(next_seq, 1, 1)).unwrap().duplicate);
+    }
+}
+
+#[test]
+fn frozen_fsync_keeps_exactly_the_acknowledged_batches() {
+    for budget in 0..40u64 {
+        let backend = MemBackend::new();
+        let store = open(&backend, FsyncPolicy::EveryBatch, 600);
+        store.create_topic("t", 1).unwrap();
+        backend.fail_syncs_after(budget);
+        let (acked, err) = append_until_error(&store, 60);
+        assert!(
+            matches!(err, Some(AppendError::Storage(StorageError::Io { .. }))),
+            "budget {budget}: {err:?}"
+        );
+        // The partition is offline after a failed fsync.
+        let p = store.partition("t", 0).unwrap();
+        assert!(matches!(
+            p.append(idem(0, 1, 1)),
+            Err(AppendError::Storage(_))
+        ));
+        let image = backend.crash_image();
+        drop(store);
+        let store = open(&image, FsyncPolicy::EveryBatch, 600);
+        assert_eq!(whole_log(&store), acked.concat(), "fsync budget {budget}");
+    }
+}
+
+#[test]
+fn unsynced_policies_recover_a_valid_prefix() {
+    for fsync in [
+        FsyncPolicy::Never,
+        FsyncPolicy::Interval(std::time::Duration::from_secs(3600)),
+    ] {
+        let backend = MemBackend::new();
+        let store = open(&backend, fsync, 800);
+        store.create_topic("t", 1).unwrap();
+        let (acked, _) = append_until_error(&store, 50);
+        let all = acked.concat();
+        let image = backend.crash_image();
+        drop(store);
+        let store = open(&image, fsync, 800);
+        let got = whole_log(&store);
+        assert!(!got.is_empty(), "rolls fsync sealed segments");
+        assert!(got.len() < all.len(), "the unsynced tail is lost");
+        assert_eq!(&all[..got.len()], &got[..], "{fsync}: not a prefix");
+        // Appends continue right after the surviving prefix.
+        let p = store.partition("t", 0).unwrap();
+        let hw = p.high_watermark();
+        assert_eq!(
+            p.append(encode_batch(BatchSpec::default(), &[RecordSpec::default()]).freeze())
+                .unwrap()
+                .base_offset,
+            hw
+        );
+    }
+}
+
+#[test]
+fn flush_all_makes_everything_durable() {
+    let backend = MemBackend::new();
+    let store = open(&backend, FsyncPolicy::Never, 1 << 20);
+    store.create_topic("t", 1).unwrap();
+    let (acked, _) = append_until_error(&store, 30);
+    store.flush_all().unwrap();
+    let image = backend.crash_image();
+    let store = open(&image, FsyncPolicy::Never, 1 << 20);
+    assert_eq!(whole_log(&store), acked.concat());
+}
+
+#[test]
+fn interval_flusher_syncs_in_the_background() {
+    let backend = MemBackend::new();
+    let store = open(
+        &backend,
+        FsyncPolicy::Interval(std::time::Duration::from_millis(10)),
+        1 << 20,
+    );
+    store.create_topic("t", 1).unwrap();
+    let (acked, _) = append_until_error(&store, 10);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let image = backend.crash_image();
+        let reopened = open(&image, FsyncPolicy::Never, 1 << 20);
+        if whole_log(&reopened) == acked.concat() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "flusher never synced");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn failed_write_is_undone_and_later_appends_continue() {
+    let backend = MemBackend::new();
+    let store = open(&backend, FsyncPolicy::EveryBatch, 1 << 20);
+    store.create_topic("t", 1).unwrap();
+    let p = store.partition("t", 0).unwrap();
+    p.append(idem(0, 2, 10)).unwrap();
+    backend.fail_writes_after(0);
+    assert!(matches!(
+        p.append(idem(2, 1, 10)),
+        Err(AppendError::Storage(_))
+    ));
+    backend.fail_writes_after(u64::MAX);
+    // The undo (a truncate) failed too, so the partition stays offline until reopen.
+    assert!(matches!(
+        p.append(idem(2, 1, 10)),
+        Err(AppendError::Storage(_))
+    ));
+    drop(store);
+    let store = open(&backend, FsyncPolicy::EveryBatch, 1 << 20);
+    let p = store.partition("t", 0).unwrap();
+    assert_eq!(p.high_watermark(), 2);
+    assert_eq!(p.append(idem(2, 1, 10)).unwrap().base_offset, 2);
+}
