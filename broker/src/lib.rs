@@ -20,6 +20,7 @@ pub mod batch_header;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod group;
 pub mod handlers;
 pub mod metrics;
 pub mod producer_ids;

@@ -66,6 +66,7 @@ impl BrokerHandle {
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || txn.snapshot_all()).await {
             tracing::error!(error = %e, "writing transaction snapshots at shutdown failed");
         }
+        self.state.groups.close();
         let store = self.state.store.clone();
         match tokio::task::spawn_blocking(move || store.flush_all()).await {
             Ok(Ok(())) => tracing::info!("storage flushed; broker stopped"),
@@ -103,7 +104,8 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
 
     let storage_config = config.storage.clone();
     let data_dir = storage_config.data_dir.clone();
-    let (store, producer_ids) = tokio::task::spawn_blocking(move || -> Result<_> {
+    let fsync = storage_config.fsync;
+    let (store, producer_ids, groups) = tokio::task::spawn_blocking(move || -> Result<_> {
         if let Some(dir) = &data_dir {
             std::fs::create_dir_all(dir).map_err(|source| BrokerError::Io {
                 context: format!("creating data dir {}", dir.display()),
@@ -112,7 +114,16 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         }
         let store = Store::open(storage_config)?;
         let producer_ids = ProducerIdAllocator::open(data_dir.as_deref())?;
-        Ok((store, producer_ids))
+        let groups = crate::group::GroupCoordinator::open(
+            data_dir.as_deref(),
+            matches!(fsync, crate::storage::FsyncPolicy::EveryBatch),
+            crate::group::GroupConfig::default(),
+        )
+        .map_err(|e| BrokerError::Io {
+            context: "opening the group offsets store".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Ok((store, producer_ids, groups))
     })
     .await
     .map_err(|e| BrokerError::Io {
@@ -163,6 +174,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         appended: Notify::new(),
         producer_ids,
         txn,
+        groups: Arc::new(groups),
         shutdown: shutdown_rx.clone(),
     });
     // onceflow-txn (broker-txn helper): markers wake long-polling fetches; timeouts/expiry.
@@ -180,6 +192,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
             task.abort();
         });
     }
+    state.groups.spawn_timer();
     // With `FsyncPolicy::Interval` the store runs its own flusher thread.
     tracing::info!(%local_addr, advertised = %format!("{}:{}", state.advertised_host, state.advertised_port), "broker listening");
     let server = tokio::spawn(accept_loop(listener, Arc::clone(&state), shutdown_rx));

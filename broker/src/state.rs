@@ -36,6 +36,8 @@ pub struct BrokerState {
     /// onceflow-txn (broker-txn helper): the transaction coordinator and partition
     /// transaction layer.
     pub txn: Arc<crate::txn::TxnManager>,
+    /// The consumer group coordinator and group offsets store.
+    pub groups: Arc<crate::group::GroupCoordinator>,
     /// Flips to true when the broker shuts down.
     pub shutdown: watch::Receiver<bool>,
 }
