@@ -177,8 +177,12 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         groups: Arc::new(groups),
         shutdown: shutdown_rx.clone(),
     });
-    // onceflow-txn (broker-txn helper): markers wake long-polling fetches; timeouts/expiry.
+    // onceflow-txn (broker-txn helper): markers wake long-polling fetches and apply group
+    // offsets; timeouts/expiry.
     {
+        state
+            .txn
+            .set_offsets_sink(Arc::new(state.groups.offsets().clone()));
         let weak = Arc::downgrade(&state);
         state.txn.set_append_notifier(Arc::new(move |_topic: &str, _partition: i32| {
             if let Some(s) = weak.upgrade() {

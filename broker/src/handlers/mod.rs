@@ -5,6 +5,7 @@
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
 pub mod end_txn;
+pub mod txn_offset_commit;
 // onceflow-txn END
 pub mod api_versions;
 pub mod create_topics;
@@ -33,7 +34,7 @@ use kafka_protocol::messages::{
     FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
 };
 use kafka_protocol::messages::{
-    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest,
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
 }; // onceflow-txn
 use kafka_protocol::messages::{
     DescribeGroupsRequest, FindCoordinatorRequest, HeartbeatRequest, JoinGroupRequest,
@@ -202,6 +203,10 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: EndTxnRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &end_txn::handle(state, &ctx, req).await)?)
         }
+        ApiKey::TxnOffsetCommit => {
+            let req: TxnOffsetCommitRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &txn_offset_commit::handle(state, &ctx, req).await)?)
+        }
         // onceflow-txn END
         ApiKey::FindCoordinator => {
             let req: FindCoordinatorRequest = decode(&ctx, body)?;
@@ -276,6 +281,7 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::AddPartitionsToTxn => "AddPartitionsToTxn",
         ApiKey::AddOffsetsToTxn => "AddOffsetsToTxn",
         ApiKey::EndTxn => "EndTxn",
+        ApiKey::TxnOffsetCommit => "TxnOffsetCommit",
         ApiKey::FindCoordinator => "FindCoordinator",
         ApiKey::JoinGroup => "JoinGroup",
         ApiKey::SyncGroup => "SyncGroup",

@@ -31,3 +31,16 @@ impl ProducerIdSource for crate::producer_ids::ProducerIdAllocator {
         self.allocate().map_err(|e| e.to_string())
     }
 }
+
+impl TxnOffsetsSink for crate::group::OffsetStore {
+    fn complete_txn(
+        &self,
+        group: &str,
+        producer_id: i64,
+        commit: bool,
+    ) -> std::result::Result<(), String> {
+        crate::group::OffsetStore::complete_txn(self, group, producer_id, commit)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
