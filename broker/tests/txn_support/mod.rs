@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod process;
+pub mod raw;
+
 use std::time::{Duration, Instant};
 
 use onceflow_broker::{BrokerConfig, BrokerHandle};
