@@ -151,3 +151,21 @@ pub fn poll_records(c: &BaseConsumer, want: usize, settle: Duration) -> Vec<Got>
 pub fn values(got: &[Got]) -> Vec<String> {
     got.iter().map(|g| g.value.clone()).collect()
 }
+
+/// Polls for exactly `d` and returns whatever arrived (to show that nothing is visible).
+pub fn poll_for(c: &BaseConsumer, d: Duration) -> Vec<Got> {
+    let mut out = Vec::new();
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        if let Some(r) = c.poll(Duration::from_millis(50)) {
+            let m = r.expect("consume");
+            out.push(Got {
+                topic: m.topic().to_string(),
+                partition: m.partition(),
+                offset: m.offset(),
+                value: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+            });
+        }
+    }
+    out
+}
