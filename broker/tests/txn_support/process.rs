@@ -31,7 +31,10 @@ impl BrokerChild {
             .stderr(Stdio::from(log))
             .spawn()
             .expect("spawn broker");
-        let line = first_line(&mut child, "listening on ");
+        let Some(line) = try_first_line(&mut child, "listening on ") else {
+            let log = std::fs::read_to_string(data_dir.with_extension("log")).unwrap_or_default();
+            panic!("broker did not start; its log:\n{log}");
+        };
         BrokerChild {
             child,
             bootstrap: line.trim_start_matches("listening on ").trim().to_string(),
@@ -55,6 +58,11 @@ impl Drop for BrokerChild {
 /// Reads the child's stdout until a line starting with `prefix` (30 s bound); the rest of
 /// stdout is drained in the background.
 pub fn first_line(child: &mut Child, prefix: &str) -> String {
+    try_first_line(child, prefix).expect("child printed its line in time")
+}
+
+/// [`first_line`], `None` if the child exits or stays silent for 30 s.
+pub fn try_first_line(child: &mut Child, prefix: &str) -> Option<String> {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     let prefix = prefix.to_string();
@@ -68,6 +76,5 @@ pub fn first_line(child: &mut Child, prefix: &str) -> String {
             }
         }
     });
-    rx.recv_timeout(Duration::from_secs(30))
-        .expect("child printed its line in time")
+    rx.recv_timeout(Duration::from_secs(30)).ok()
 }
