@@ -184,11 +184,13 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
             .txn
             .set_offsets_sink(Arc::new(state.groups.offsets().clone()));
         let weak = Arc::downgrade(&state);
-        state.txn.set_append_notifier(Arc::new(move |_topic: &str, _partition: i32| {
-            if let Some(s) = weak.upgrade() {
-                s.appended.notify_waiters();
-            }
-        }));
+        state
+            .txn
+            .set_append_notifier(Arc::new(move |_topic: &str, _partition: i32| {
+                if let Some(s) = weak.upgrade() {
+                    s.appended.notify_waiters();
+                }
+            }));
         let task = state.txn.spawn_background(Duration::from_millis(100));
         let mut rx = shutdown_rx.clone();
         tokio::spawn(async move {

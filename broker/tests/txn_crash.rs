@@ -83,7 +83,11 @@ fn kill9_after_prepare_commit_and_with_an_open_transaction() {
     send(&plain, "crash", 0, "after");
     flush(&plain);
     let rest = poll_records(&rc, 1, Duration::from_millis(500));
-    assert_eq!(values(&rest), vec!["after"], "open transaction aborted at its timeout");
+    assert_eq!(
+        values(&rest),
+        vec!["after"],
+        "open transaction aborted at its timeout"
+    );
     let ru = consumer(&bs, false, &[("crash", 0)]);
     let all = poll_records(&ru, 5, Duration::from_millis(300));
     assert!(values(&all).contains(&"open-0".to_string()), "{all:?}");
@@ -98,7 +102,10 @@ fn kill9_after_prepare_commit_and_with_an_open_transaction() {
         Some(Offset::Offset(5))
     );
     let out = consumer(&bs, true, &[("crash-out", 0)]);
-    assert_eq!(values(&poll_records(&out, 1, Duration::from_millis(300))), vec!["with-offsets"]);
+    assert_eq!(
+        values(&poll_records(&out, 1, Duration::from_millis(300))),
+        vec!["with-offsets"]
+    );
 
     // Clients of the killed broker are dropped on a side thread (their destructors may wait
     // for the dead broker).

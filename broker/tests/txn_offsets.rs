@@ -52,7 +52,10 @@ async fn group_offsets_move_only_with_committed_transactions() {
             while batch.len() < 4 && Instant::now() < deadline {
                 if let Some(m) = consumer.poll(Duration::from_millis(100)) {
                     let m = m.expect("message");
-                    batch.push((m.offset(), String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned()));
+                    batch.push((
+                        m.offset(),
+                        String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+                    ));
                 }
             }
             assert_eq!(batch.len(), 4, "round {round} consumed {batch:?}");

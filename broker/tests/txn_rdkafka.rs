@@ -41,10 +41,22 @@ async fn committed_visible_aborted_invisible_offsets_not_reused() {
     let (committed, uncommitted) = got;
     let cv = values(&committed);
     assert_eq!(cv.len(), 18, "read_committed got {cv:?}");
-    assert!(cv.iter().all(|v| v.starts_with("c1") || v.starts_with("c3")), "{cv:?}");
-    assert_eq!(uncommitted.len(), 27, "read_uncommitted got {:?}", values(&uncommitted));
+    assert!(
+        cv.iter()
+            .all(|v| v.starts_with("c1") || v.starts_with("c3")),
+        "{cv:?}"
+    );
     assert_eq!(
-        uncommitted.iter().filter(|g| g.value.starts_with("a2")).count(),
+        uncommitted.len(),
+        27,
+        "read_uncommitted got {:?}",
+        values(&uncommitted)
+    );
+    assert_eq!(
+        uncommitted
+            .iter()
+            .filter(|g| g.value.starts_with("a2"))
+            .count(),
         9
     );
     // Per partition: offsets strictly increase, aborted data and markers keep their offsets,
@@ -103,7 +115,11 @@ async fn lso_holds_back_records_after_an_open_transaction() {
     assert_eq!(values(&while_open), vec!["before"]);
     assert_eq!(values(&after_commit), vec!["txn-1", "after", "txn-2"]);
     let offsets: Vec<i64> = after_commit.iter().map(|g| g.offset).collect();
-    assert_eq!(offsets, vec![1, 2, 3], "order is by offset after the commit");
+    assert_eq!(
+        offsets,
+        vec![1, 2, 3],
+        "order is by offset after the commit"
+    );
     broker.shutdown().await;
 }
 
@@ -129,15 +145,25 @@ async fn second_producer_fences_the_first_and_its_data_stays_invisible() {
         let committed = poll_records(&rc, 1, Duration::from_millis(1000));
         let ru = consumer(&bs, false, &[("fence", 0)]);
         let uncommitted = poll_records(&ru, 2, Duration::from_millis(1000));
-        (committed, uncommitted, zombie_commit.map_err(|e| e.to_string()))
+        (
+            committed,
+            uncommitted,
+            zombie_commit.map_err(|e| e.to_string()),
+        )
     })
     .await
     .expect("client thread");
     assert!(zombie_commit.is_err(), "the fenced producer committed");
     assert_eq!(values(&committed), vec!["p2"]);
     let uv = values(&uncommitted);
-    assert!(uv.contains(&"zombie-1".to_string()) && uv.contains(&"p2".to_string()), "{uv:?}");
-    assert!(!uv.contains(&"zombie-2".to_string()), "a fenced write landed: {uv:?}");
+    assert!(
+        uv.contains(&"zombie-1".to_string()) && uv.contains(&"p2".to_string()),
+        "{uv:?}"
+    );
+    assert!(
+        !uv.contains(&"zombie-2".to_string()),
+        "a fenced write landed: {uv:?}"
+    );
     broker.shutdown().await;
 }
 

@@ -55,9 +55,13 @@ fn child_prepared_producer() {
     p.init_transactions(T).expect("init");
     p.begin_transaction().expect("begin");
     for i in 0..5 {
-        p.send(rdkafka::producer::BaseRecord::<str, str>::to("resume").partition(0).payload(&format!("pre-{i}")))
-            .map_err(|(e, _)| e)
-            .expect("send");
+        p.send(
+            rdkafka::producer::BaseRecord::<str, str>::to("resume")
+                .partition(0)
+                .payload(&format!("pre-{i}")),
+        )
+        .map_err(|(e, _)| e)
+        .expect("send");
     }
     p.flush(T).expect("flush");
     let deadline = Instant::now() + T;
@@ -80,7 +84,12 @@ async fn resume_prepared_transaction_from_another_client() {
     let bs = broker.bootstrap_servers();
     let (before, code, retry, after) = tokio::task::spawn_blocking(move || {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", "child_prepared_producer", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                "child_prepared_producer",
+                "--ignored",
+                "--nocapture",
+            ])
             .env(CHILD_ENV, &bs)
             .stdout(Stdio::piped())
             .spawn()
@@ -105,7 +114,10 @@ async fn resume_prepared_transaction_from_another_client() {
     })
     .await
     .expect("client thread");
-    assert!(before.is_empty(), "prepared data visible before commit: {before:?}");
+    assert!(
+        before.is_empty(),
+        "prepared data visible before commit: {before:?}"
+    );
     assert_eq!(code, 0, "EndTxn from a separate client");
     assert_eq!(retry, 0, "retried EndTxn after completion");
     assert_eq!(

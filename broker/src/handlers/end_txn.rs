@@ -20,7 +20,8 @@ pub async fn handle(
     let txn_id = req.transactional_id.0.to_string();
     let st = Arc::clone(state);
     let (pid, epoch, commit) = (req.producer_id.0, req.producer_epoch, req.committed);
-    let res = tokio::task::spawn_blocking(move || st.txn.end_txn(&txn_id, pid, epoch, commit)).await;
+    let res =
+        tokio::task::spawn_blocking(move || st.txn.end_txn(&txn_id, pid, epoch, commit)).await;
     let code = match res {
         Ok(Ok(Ok(()))) => 0,
         Ok(Ok(Err(code))) => code.code(),

@@ -110,25 +110,27 @@ fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, 
             let read = if req.isolation_level == 1 {
                 match state.txn.read_committed(&partition, p.fetch_offset, limit) {
                     Ok(r) => {
-                        data = data.with_last_stable_offset(r.last_stable_offset).with_aborted_transactions(Some(
-                            r.aborted
-                                .iter()
-                                .map(|a| {
-                                    AbortedTransaction::default()
-                                        .with_producer_id(ProducerId(a.producer_id))
-                                        .with_first_offset(a.first_offset)
-                                })
-                                .collect(),
-                        ));
+                        data = data
+                            .with_last_stable_offset(r.last_stable_offset)
+                            .with_aborted_transactions(Some(
+                                r.aborted
+                                    .iter()
+                                    .map(|a| {
+                                        AbortedTransaction::default()
+                                            .with_producer_id(ProducerId(a.producer_id))
+                                            .with_first_offset(a.first_offset)
+                                    })
+                                    .collect(),
+                            ));
                         Ok(r.records)
                     }
                     Err(CommittedReadError::Read(e)) => Err(e),
-                    Err(CommittedReadError::Txn(e)) => Err(ReadError::Storage(
-                        crate::storage::StorageError::Corrupt {
+                    Err(CommittedReadError::Txn(e)) => {
+                        Err(ReadError::Storage(crate::storage::StorageError::Corrupt {
                             path: std::path::PathBuf::from(name),
                             reason: e.to_string(),
-                        },
-                    )),
+                        }))
+                    }
                 }
             } else {
                 partition.read(p.fetch_offset, limit)

@@ -31,9 +31,10 @@ pub async fn handle(
             .then_some((req.producer_id.0, req.producer_epoch));
         let timeout = req.transaction_timeout_ms;
         let st = Arc::clone(state);
-        let res =
-            tokio::task::spawn_blocking(move || st.txn.init_producer_id(&txn_id, timeout, expected))
-                .await;
+        let res = tokio::task::spawn_blocking(move || {
+            st.txn.init_producer_id(&txn_id, timeout, expected)
+        })
+        .await;
         return match res {
             Ok(Ok(Ok((pid, epoch)))) => InitProducerIdResponse::default()
                 .with_producer_id(ProducerId(pid))

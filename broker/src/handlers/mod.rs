@@ -30,12 +30,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
+}; // onceflow-txn
+use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
 };
-use kafka_protocol::messages::{
-    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
-}; // onceflow-txn
 use kafka_protocol::messages::{
     DescribeGroupsRequest, FindCoordinatorRequest, HeartbeatRequest, JoinGroupRequest,
     LeaveGroupRequest, ListGroupsRequest, OffsetCommitRequest, OffsetFetchRequest,
@@ -193,11 +193,17 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
         // onceflow-txn (broker-txn helper): transaction APIs.
         ApiKey::AddPartitionsToTxn => {
             let req: AddPartitionsToTxnRequest = decode(&ctx, body)?;
-            Some(encode(&ctx, &add_partitions_to_txn::handle(state, &ctx, req).await)?)
+            Some(encode(
+                &ctx,
+                &add_partitions_to_txn::handle(state, &ctx, req).await,
+            )?)
         }
         ApiKey::AddOffsetsToTxn => {
             let req: AddOffsetsToTxnRequest = decode(&ctx, body)?;
-            Some(encode(&ctx, &add_offsets_to_txn::handle(state, &ctx, req).await)?)
+            Some(encode(
+                &ctx,
+                &add_offsets_to_txn::handle(state, &ctx, req).await,
+            )?)
         }
         ApiKey::EndTxn => {
             let req: EndTxnRequest = decode(&ctx, body)?;
@@ -205,7 +211,10 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
         }
         ApiKey::TxnOffsetCommit => {
             let req: TxnOffsetCommitRequest = decode(&ctx, body)?;
-            Some(encode(&ctx, &txn_offset_commit::handle(state, &ctx, req).await)?)
+            Some(encode(
+                &ctx,
+                &txn_offset_commit::handle(state, &ctx, req).await,
+            )?)
         }
         // onceflow-txn END
         ApiKey::FindCoordinator => {

@@ -121,10 +121,13 @@ pub async fn handle(
                 Ok(outcome)
             }
             // onceflow-txn (broker-txn helper): refusals of the transaction layer.
-            (Ok(_), Some(Err(TxnProduceError::Append(e)))) => Err(map_append_error(ctx.version, &e)),
-            (Ok(_), Some(Err(TxnProduceError::Refused(code)))) => {
-                Err((code, "transactional batch refused by the coordinator".into()))
+            (Ok(_), Some(Err(TxnProduceError::Append(e)))) => {
+                Err(map_append_error(ctx.version, &e))
             }
+            (Ok(_), Some(Err(TxnProduceError::Refused(code)))) => Err((
+                code,
+                "transactional batch refused by the coordinator".into(),
+            )),
             (Ok(_), Some(Err(TxnProduceError::Txn(e)))) => {
                 Err((ResponseError::KafkaStorageError, e.to_string()))
             }

@@ -17,7 +17,10 @@ use crate::metrics;
 use crate::state::BrokerState;
 use crate::txn::now_ms;
 
-fn respond(req: &TxnOffsetCommitRequest, code: impl Fn(&str, i32) -> i16) -> TxnOffsetCommitResponse {
+fn respond(
+    req: &TxnOffsetCommitRequest,
+    code: impl Fn(&str, i32) -> i16,
+) -> TxnOffsetCommitResponse {
     let topics = req
         .topics
         .iter()
@@ -95,7 +98,8 @@ pub async fn handle(
     // 3. Stage them in the offsets store (durable; applied or dropped by the marker).
     let store = state.groups.offsets().clone();
     let g = group.clone();
-    let staged = tokio::task::spawn_blocking(move || store.stage_txn_offsets(&g, pid, offsets)).await;
+    let staged =
+        tokio::task::spawn_blocking(move || store.stage_txn_offsets(&g, pid, offsets)).await;
     let code = match staged {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {

@@ -233,9 +233,7 @@ impl Coordinator {
     ) -> Result<MarkerJob> {
         if fence {
             m.state = TxnState::PrepareEpochFence;
-            if m.producer_epoch < i16::MAX {
-                m.producer_epoch += 1;
-            }
+            m.producer_epoch = m.producer_epoch.saturating_add(1);
         }
         debug_assert!(m.state.can_transition_to(TxnState::PrepareAbort));
         m.state = TxnState::PrepareAbort;
@@ -487,9 +485,7 @@ impl Coordinator {
         if epoch != m.producer_epoch {
             return Err(ResponseError::InvalidProducerEpoch);
         }
-        if m.state != TxnState::Ongoing
-            || !m.partitions.contains(&(topic.to_string(), partition))
-        {
+        if m.state != TxnState::Ongoing || !m.partitions.contains(&(topic.to_string(), partition)) {
             return Err(ResponseError::InvalidTxnState);
         }
         Ok(())

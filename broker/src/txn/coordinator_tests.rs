@@ -25,7 +25,11 @@ fn tp(t: &str, p: i32) -> TopicPartition {
 #[test]
 fn commit_flow_and_retried_end_txn() {
     let mut c = coordinator();
-    let (pid, epoch) = c.init_producer_id("t", 5000, None, 0).unwrap().answer.unwrap();
+    let (pid, epoch) = c
+        .init_producer_id("t", 5000, None, 0)
+        .unwrap()
+        .answer
+        .unwrap();
     assert_eq!(epoch, 0);
     assert_eq!(
         c.check_produce(pid, epoch, "a", 0),
@@ -46,7 +50,8 @@ fn commit_flow_and_retried_end_txn() {
     assert_eq!(job.partitions, vec![tp("a", 0), tp("b", 1)]);
     // While markers are written the transaction is busy.
     assert_eq!(
-        c.add_to_txn("t", pid, epoch, &[tp("a", 0)], &[], 21).unwrap(),
+        c.add_to_txn("t", pid, epoch, &[tp("a", 0)], &[], 21)
+            .unwrap(),
         Err(ResponseError::ConcurrentTransactions)
     );
     assert_eq!(c.pending_jobs(), vec![job.clone()]);
@@ -63,8 +68,14 @@ fn commit_flow_and_retried_end_txn() {
 #[test]
 fn new_producer_fences_the_open_transaction() {
     let mut c = coordinator();
-    let (pid, e0) = c.init_producer_id("t", 5000, None, 0).unwrap().answer.unwrap();
-    c.add_to_txn("t", pid, e0, &[tp("a", 0)], &[], 1).unwrap().unwrap();
+    let (pid, e0) = c
+        .init_producer_id("t", 5000, None, 0)
+        .unwrap()
+        .answer
+        .unwrap();
+    c.add_to_txn("t", pid, e0, &[tp("a", 0)], &[], 1)
+        .unwrap()
+        .unwrap();
     let step = c.init_producer_id("t", 5000, None, 2).unwrap();
     assert_eq!(step.answer, Err(ResponseError::ConcurrentTransactions));
     let job = step.job.expect("abort markers");
@@ -79,15 +90,25 @@ fn new_producer_fences_the_open_transaction() {
         Err(ResponseError::ProducerFenced)
     );
     c.complete(&job, 4).unwrap();
-    let (pid2, e2) = c.init_producer_id("t", 5000, None, 5).unwrap().answer.unwrap();
+    let (pid2, e2) = c
+        .init_producer_id("t", 5000, None, 5)
+        .unwrap()
+        .answer
+        .unwrap();
     assert_eq!((pid2, e2), (pid, e0 + 2));
 }
 
 #[test]
 fn timeout_aborts_and_fences_the_late_commit() {
     let mut c = coordinator();
-    let (pid, e) = c.init_producer_id("t", 1000, None, 0).unwrap().answer.unwrap();
-    c.add_to_txn("t", pid, e, &[tp("a", 0)], &[], 100).unwrap().unwrap();
+    let (pid, e) = c
+        .init_producer_id("t", 1000, None, 0)
+        .unwrap()
+        .answer
+        .unwrap();
+    c.add_to_txn("t", pid, e, &[tp("a", 0)], &[], 100)
+        .unwrap()
+        .unwrap();
     assert!(c.expire(1100).unwrap().is_empty());
     let jobs = c.expire(1101).unwrap();
     assert_eq!(jobs.len(), 1);
@@ -106,7 +127,11 @@ fn invalid_timeout_and_kip360_recovery() {
         c.init_producer_id("t", 10_001, None, 0).unwrap().answer,
         Err(ResponseError::InvalidTransactionTimeout)
     );
-    let (pid, e) = c.init_producer_id("t", 1000, None, 0).unwrap().answer.unwrap();
+    let (pid, e) = c
+        .init_producer_id("t", 1000, None, 0)
+        .unwrap()
+        .answer
+        .unwrap();
     // Epoch-bump recovery with the current (pid, epoch).
     let (p1, e1) = c
         .init_producer_id("t", 1000, Some((pid, e)), 1)
@@ -116,12 +141,16 @@ fn invalid_timeout_and_kip360_recovery() {
     assert_eq!((p1, e1), (pid, e + 1));
     // The same request retried (response lost) gets the same answer.
     assert_eq!(
-        c.init_producer_id("t", 1000, Some((pid, e)), 2).unwrap().answer,
+        c.init_producer_id("t", 1000, Some((pid, e)), 2)
+            .unwrap()
+            .answer,
         Ok((pid, e + 1))
     );
     // A stale epoch is fenced.
     assert_eq!(
-        c.init_producer_id("t", 1000, Some((pid, e + 7)), 3).unwrap().answer,
+        c.init_producer_id("t", 1000, Some((pid, e + 7)), 3)
+            .unwrap()
+            .answer,
         Err(ResponseError::ProducerFenced)
     );
 }
@@ -130,7 +159,11 @@ fn invalid_timeout_and_kip360_recovery() {
 fn producer_ids_are_unique_and_ids_expire() {
     let mut c = coordinator();
     let a = c.allocate_producer_id().unwrap();
-    let (p, _) = c.init_producer_id("t", 1000, None, 0).unwrap().answer.unwrap();
+    let (p, _) = c
+        .init_producer_id("t", 1000, None, 0)
+        .unwrap()
+        .answer
+        .unwrap();
     assert_ne!(a, p);
     assert!(c.expire(100_001).unwrap().is_empty());
     assert!(c.get("t").is_none());
@@ -140,12 +173,18 @@ fn producer_ids_are_unique_and_ids_expire() {
 #[test]
 fn offsets_need_add_offsets_first() {
     let mut c = coordinator();
-    let (pid, e) = c.init_producer_id("t", 1000, None, 0).unwrap().answer.unwrap();
+    let (pid, e) = c
+        .init_producer_id("t", 1000, None, 0)
+        .unwrap()
+        .answer
+        .unwrap();
     assert_eq!(
         c.check_offsets("t", pid, e, "g"),
         Err(ResponseError::InvalidTxnState)
     );
-    c.add_to_txn("t", pid, e, &[], &["g".to_string()], 1).unwrap().unwrap();
+    c.add_to_txn("t", pid, e, &[], &["g".to_string()], 1)
+        .unwrap()
+        .unwrap();
     assert_eq!(c.check_offsets("t", pid, e, "g"), Ok(()));
     let job = c.end_txn("t", pid, e, true, 2).unwrap().job.unwrap();
     assert_eq!(job.groups, vec!["g".to_string()]);

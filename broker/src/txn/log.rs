@@ -89,7 +89,9 @@ impl LogImage {
             LogRecord::Remove(id) => {
                 self.txns.remove(&id);
             }
-            LogRecord::CoordinatorEpoch(e) => self.coordinator_epoch = self.coordinator_epoch.max(e),
+            LogRecord::CoordinatorEpoch(e) => {
+                self.coordinator_epoch = self.coordinator_epoch.max(e)
+            }
         }
     }
 
@@ -97,7 +99,10 @@ impl LogImage {
         let mut out = vec![LogRecord::CoordinatorEpoch(self.coordinator_epoch)];
         let mut ids: Vec<&String> = self.txns.keys().collect();
         ids.sort();
-        out.extend(ids.into_iter().map(|id| LogRecord::Upsert(self.txns[id].clone())));
+        out.extend(
+            ids.into_iter()
+                .map(|id| LogRecord::Upsert(self.txns[id].clone())),
+        );
         out
     }
 }
@@ -138,7 +143,8 @@ impl TxnLog {
         let mut raw = Vec::new();
         match File::open(&path) {
             Ok(mut f) => {
-                f.read_to_end(&mut raw).map_err(|e| TxnError::io(&path, e))?;
+                f.read_to_end(&mut raw)
+                    .map_err(|e| TxnError::io(&path, e))?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(TxnError::io(&path, e)),
@@ -224,7 +230,8 @@ impl TxnLog {
             .append(true)
             .open(&path)
             .map_err(|e| TxnError::io(&path, e))?;
-        f.seek(SeekFrom::End(0)).map_err(|e| TxnError::io(&path, e))?;
+        f.seek(SeekFrom::End(0))
+            .map_err(|e| TxnError::io(&path, e))?;
         self.file = Some(f);
         self.records_since_compaction = 0;
         Ok(())
@@ -249,7 +256,8 @@ mod tests {
         log.append(&LogRecord::Upsert(m.clone())).expect("append");
         log.append(&LogRecord::Upsert(TxnMetadata::new("gone", 9, 1, 1)))
             .expect("append");
-        log.append(&LogRecord::Remove("gone".into())).expect("append");
+        log.append(&LogRecord::Remove("gone".into()))
+            .expect("append");
         drop(log);
         // A torn record at the end, as a crash mid-write leaves it.
         let path = dir.path().join(LOG_FILE);

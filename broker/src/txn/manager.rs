@@ -43,7 +43,12 @@ pub struct TxnConfig {
 /// Where transactional offsets live: the group coordinator's offsets store.
 pub trait TxnOffsetsSink: Send + Sync {
     /// Applies (commit) or drops (abort) the offsets `producer_id` staged for `group`.
-    fn complete_txn(&self, group: &str, producer_id: i64, commit: bool) -> std::result::Result<(), String>;
+    fn complete_txn(
+        &self,
+        group: &str,
+        producer_id: i64,
+        commit: bool,
+    ) -> std::result::Result<(), String>;
 }
 
 /// Callback run after a marker lands on a partition (wakes long-polling fetches).
@@ -105,7 +110,9 @@ pub struct TxnManager {
 
 impl std::fmt::Debug for TxnManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TxnManager").field("root", &self.root).finish_non_exhaustive()
+        f.debug_struct("TxnManager")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
     }
 }
 
@@ -161,12 +168,18 @@ impl TxnManager {
 
     /// Connects the group offsets store (markers for AddOffsetsToTxn groups).
     pub fn set_offsets_sink(&self, sink: Arc<dyn TxnOffsetsSink>) {
-        self.hooks.write().unwrap_or_else(|p| p.into_inner()).offsets = Some(sink);
+        self.hooks
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .offsets = Some(sink);
     }
 
     /// Connects the fetch wake-up callback run after markers are appended.
     pub fn set_append_notifier(&self, notifier: AppendNotifier) {
-        self.hooks.write().unwrap_or_else(|p| p.into_inner()).notifier = Some(notifier);
+        self.hooks
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .notifier = Some(notifier);
     }
 
     fn coordinator(&self) -> MutexGuard<'_, Coordinator> {
@@ -192,7 +205,10 @@ impl TxnManager {
                 return Ok(p.clone());
             }
         }
-        let p = Arc::new(PartitionTxn::recover(partition.clone(), self.root.as_deref())?);
+        let p = Arc::new(PartitionTxn::recover(
+            partition.clone(),
+            self.root.as_deref(),
+        )?);
         map.insert(key, p.clone());
         Ok(p)
     }
@@ -219,9 +235,14 @@ impl TxnManager {
             partition.index(),
         ) {
             metrics::counter!(metrics::PRODUCE_REFUSED, "error" => code_label(code)).increment(1);
-            tracing::debug!(topic = partition.topic(), partition = partition.index(),
-                producer_id = header.producer_id, epoch = header.producer_epoch, ?code,
-                "transactional batch refused");
+            tracing::debug!(
+                topic = partition.topic(),
+                partition = partition.index(),
+                producer_id = header.producer_id,
+                epoch = header.producer_epoch,
+                ?code,
+                "transactional batch refused"
+            );
             return Err(TxnProduceError::Refused(code));
         }
         let outcome = partition.append(records)?;
@@ -282,9 +303,12 @@ impl TxnManager {
         timeout_ms: i32,
         expected: Option<(i64, i16)>,
     ) -> Result<std::result::Result<(i64, i16), ResponseError>> {
-        let step = self
-            .coordinator()
-            .init_producer_id(transactional_id, timeout_ms, expected, now_ms())?;
+        let step = self.coordinator().init_producer_id(
+            transactional_id,
+            timeout_ms,
+            expected,
+            now_ms(),
+        )?;
         self.finish(step)
     }
 
@@ -296,8 +320,14 @@ impl TxnManager {
         epoch: i16,
         partitions: &[TopicPartition],
     ) -> Result<std::result::Result<(), ResponseError>> {
-        self.coordinator()
-            .add_to_txn(transactional_id, producer_id, epoch, partitions, &[], now_ms())
+        self.coordinator().add_to_txn(
+            transactional_id,
+            producer_id,
+            epoch,
+            partitions,
+            &[],
+            now_ms(),
+        )
     }
 
     /// AddOffsetsToTxn.
@@ -340,9 +370,9 @@ impl TxnManager {
         epoch: i16,
         commit: bool,
     ) -> Result<std::result::Result<(), ResponseError>> {
-        let step = self
-            .coordinator()
-            .end_txn(transactional_id, producer_id, epoch, commit, now_ms())?;
+        let step =
+            self.coordinator()
+                .end_txn(transactional_id, producer_id, epoch, commit, now_ms())?;
         self.finish(step)
     }
 

@@ -9,8 +9,7 @@
 use bytes::Bytes;
 
 use crate::storage::batch::{
-    encode_batch, BatchHeader, BatchSpec, RecordSpec, ATTR_CONTROL, ATTR_TRANSACTIONAL,
-    HEADER_LEN,
+    encode_batch, BatchHeader, BatchSpec, RecordSpec, ATTR_CONTROL, ATTR_TRANSACTIONAL, HEADER_LEN,
 };
 
 /// Control record type of an ABORT marker.
@@ -129,7 +128,10 @@ mod tests {
             let b = build_marker(kind, 42, 3, 7, 1_700_000_000_000);
             let h = validate_batch(&b).expect("valid batch");
             assert!(h.is_control() && h.is_transactional());
-            assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence), (42, 3, -1));
+            assert_eq!(
+                (h.producer_id, h.producer_epoch, h.base_sequence),
+                (42, 3, -1)
+            );
             assert_eq!(h.record_count, 1);
             assert_eq!(parse_marker(&b, &h), Some(kind));
         }

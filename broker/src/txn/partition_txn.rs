@@ -113,7 +113,9 @@ impl PartitionTxn {
                         if kind == MarkerKind::Abort && h.base_offset <= persisted_until {
                             // Entry already in the index: only close the transaction.
                             state.open.remove(&h.producer_id);
-                        } else if let Some(a) = state.observe_marker(h.producer_id, kind, h.base_offset) {
+                        } else if let Some(a) =
+                            state.observe_marker(h.producer_id, kind, h.base_offset)
+                        {
                             new_entries.push(a);
                         }
                     }
@@ -180,7 +182,12 @@ impl PartitionTxnInner {
     }
 
     /// Records a stored marker, persisting the aborted entry it creates.
-    pub fn observe_marker(&mut self, producer_id: i64, kind: MarkerKind, offset: i64) -> Result<()> {
+    pub fn observe_marker(
+        &mut self,
+        producer_id: i64,
+        kind: MarkerKind,
+        offset: i64,
+    ) -> Result<()> {
         self.dirty = true;
         if let Some(a) = self.state.observe_marker(producer_id, kind, offset) {
             if let Some(f) = self.files.as_mut() {

@@ -277,7 +277,10 @@ mod tests {
         let mut r = Reader::new(&buf);
         assert_eq!(TxnMetadata::decode(&mut r), Some(m));
         assert!(r.is_empty());
-        assert_eq!(TxnMetadata::decode(&mut Reader::new(&buf[..buf.len() - 1])), None);
+        assert_eq!(
+            TxnMetadata::decode(&mut Reader::new(&buf[..buf.len() - 1])),
+            None
+        );
     }
 
     #[test]

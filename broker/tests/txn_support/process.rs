@@ -23,7 +23,13 @@ impl BrokerChild {
             .open(data_dir.with_extension("log"))
             .expect("log file");
         let mut child = Command::new(env!("CARGO_BIN_EXE_onceflow-broker"))
-            .args(["--listen", "127.0.0.1:0", "--default-partitions", "1", "--data-dir"])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--default-partitions",
+                "1",
+                "--data-dir",
+            ])
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "info,onceflow_broker::txn=debug")
