@@ -183,6 +183,10 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         state
             .txn
             .set_offsets_sink(Arc::new(state.groups.offsets().clone()));
+        let txn = Arc::clone(&state.txn);
+        if let Err(e) = tokio::task::spawn_blocking(move || txn.complete_pending()).await {
+            tracing::error!(error = %e, "completing prepared transactions failed");
+        }
         let weak = Arc::downgrade(&state);
         state
             .txn

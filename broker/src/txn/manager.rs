@@ -124,9 +124,10 @@ pub fn now_ms() -> i64 {
 }
 
 impl TxnManager {
-    /// Opens the transaction log and recovers: transactions found in PrepareCommit /
-    /// PrepareAbort get their markers written again (idempotently); Ongoing ones stay open
-    /// until their timeout aborts them.
+    /// Opens the transaction log. Call [`TxnManager::complete_pending`] once the group
+    /// offsets store is connected: transactions found in PrepareCommit / PrepareAbort then
+    /// get their markers written again (idempotently); Ongoing ones stay open until their
+    /// timeout aborts them.
     pub fn open(
         store: Store,
         config: TxnConfig,
@@ -144,26 +145,28 @@ impl TxnManager {
             ),
         };
         let coordinator = Coordinator::open(config.coordinator, log, image, pids)?;
-        let pending = coordinator.pending_jobs();
-        let mut mgr = TxnManager {
+        Ok(Arc::new(TxnManager {
             store,
             root,
             coordinator: Mutex::new(coordinator),
             partitions: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashSet::new()),
             hooks: RwLock::new(Hooks::default()),
-            marker_delay: Duration::ZERO,
-        };
+            marker_delay: config.marker_delay,
+        }))
+    }
+
+    /// Recovery: writes the markers of every transaction in PrepareCommit / PrepareAbort
+    /// (after a restart). Failures are logged and retried by the background task.
+    pub fn complete_pending(&self) {
+        let pending = self.coordinator().pending_jobs();
         for job in pending {
             tracing::info!(transactional_id = %job.transactional_id, kind = ?job.kind,
                 "completing a prepared transaction found on restart");
-            if let Err(e) = mgr.run_job(&job) {
+            if let Err(e) = self.run_job_opts(&job, false) {
                 tracing::warn!(error = %e, "completing a recovered transaction failed; will retry");
             }
         }
-        // The failpoint applies to live requests only, not to recovery.
-        mgr.marker_delay = config.marker_delay;
-        Ok(Arc::new(mgr))
     }
 
     /// Connects the group offsets store (markers for AddOffsetsToTxn groups).
@@ -390,13 +393,18 @@ impl TxnManager {
     /// data (a partition that already got its marker is skipped, so re-running is
     /// idempotent), completes its group offsets, and records CompleteCommit/CompleteAbort.
     pub fn run_job(&self, job: &MarkerJob) -> Result<()> {
+        self.run_job_opts(job, true)
+    }
+
+    /// [`TxnManager::run_job`]; `failpoint` false skips the test delay (recovery).
+    fn run_job_opts(&self, job: &MarkerJob, failpoint: bool) -> Result<()> {
         {
             let mut fl = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
             if !fl.insert(job.transactional_id.clone()) {
                 return Ok(());
             }
         }
-        let result = self.run_job_inner(job);
+        let result = self.run_job_inner(job, failpoint);
         self.in_flight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -404,8 +412,8 @@ impl TxnManager {
         result
     }
 
-    fn run_job_inner(&self, job: &MarkerJob) -> Result<()> {
-        if !self.marker_delay.is_zero() {
+    fn run_job_inner(&self, job: &MarkerJob, failpoint: bool) -> Result<()> {
+        if failpoint && !self.marker_delay.is_zero() {
             tracing::warn!(delay = ?self.marker_delay, "test failpoint: delaying markers");
             std::thread::sleep(self.marker_delay);
         }
