@@ -194,6 +194,11 @@ impl TxnManager {
         self.coordinator().config()
     }
 
+    /// A copy of the coordinator's metadata of `transactional_id`, if known.
+    pub fn describe(&self, transactional_id: &str) -> Option<super::state::TxnMetadata> {
+        self.coordinator().get(transactional_id).cloned()
+    }
+
     /// Transactions open or completing.
     pub fn open_transactions(&self) -> usize {
         self.coordinator().open_transactions()
