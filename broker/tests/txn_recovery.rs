@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use kafka_protocol::ResponseError;
 use onceflow_broker::storage::batch::{encode_batch, BatchSpec, RecordSpec, ATTR_TRANSACTIONAL};
 use onceflow_broker::storage::{FsyncPolicy, StorageConfig, Store};
-use kafka_protocol::ResponseError;
 use onceflow_broker::txn::{CountingProducerIds, TxnConfig, TxnManager, TxnProduceError, TxnState};
 
 fn open(dir: &std::path::Path) -> (Store, Arc<TxnManager>) {
@@ -78,13 +78,14 @@ fn open_transactions_lso_and_aborted_index_survive_a_crash() {
         mgr.add_partitions("a", pa, ea, &tp()).unwrap().unwrap();
         mgr.add_partitions("b", pb, eb, &tp()).unwrap().unwrap();
         mgr.append(&p, plain_batch("plain-0")).expect("plain"); // 0
-        // A transactional batch for a partition not in the producer's transaction is refused.
+                                                                // A transactional batch for a partition not in the producer's transaction is refused.
         let (pc, ec) = mgr.init_producer_id("c", 60_000, None).unwrap().unwrap();
         assert!(matches!(
             mgr.append(&p, txn_batch(pc, ec, 0, &["c0"])),
             Err(TxnProduceError::Refused(ResponseError::InvalidTxnState))
         ));
-        mgr.append(&p, txn_batch(pa, ea, 0, &["a0", "a1"])).expect("a"); // 1..2
+        mgr.append(&p, txn_batch(pa, ea, 0, &["a0", "a1"]))
+            .expect("a"); // 1..2
         mgr.append(&p, txn_batch(pb, eb, 0, &["b0"])).expect("b"); // 3
         mgr.end_txn("a", pa, ea, false).unwrap().unwrap(); // abort marker at 4
         mgr.append(&p, plain_batch("plain-1")).expect("plain"); // 5
@@ -110,6 +111,9 @@ fn open_transactions_lso_and_aborted_index_survive_a_crash() {
     mgr.end_txn("b", b.producer_id, b.producer_epoch, true)
         .unwrap()
         .unwrap();
-    assert_eq!(mgr.describe("b").expect("b").state, TxnState::CompleteCommit);
+    assert_eq!(
+        mgr.describe("b").expect("b").state,
+        TxnState::CompleteCommit
+    );
     assert_eq!(mgr.last_stable_offset(&p).unwrap(), p.high_watermark());
 }
