@@ -60,7 +60,11 @@ async fn transaction_metrics_are_exported() {
     let lag = line(&open_text, "onceflow_broker_lso_lag{").expect("lso lag");
     assert!(lag.ends_with(" 1"), "{lag}");
     assert!(
-        line(&done_text, "onceflow_broker_transaction_aborts_total{cause=\"client\"} 1").is_some(),
+        line(
+            &done_text,
+            "onceflow_broker_transaction_aborts_total{cause=\"client\"} 1"
+        )
+        .is_some(),
         "{done_text}"
     );
     assert!(

@@ -117,3 +117,35 @@ fn open_transactions_lso_and_aborted_index_survive_a_crash() {
     );
     assert_eq!(mgr.last_stable_offset(&p).unwrap(), p.high_watermark());
 }
+
+#[test]
+fn snapshot_restores_open_transactions_and_stale_entries_are_dropped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tp = vec![("s".to_string(), 0)];
+    {
+        let (store, mgr) = open(dir.path());
+        store.create_topic("s", 1).expect("topic");
+        let p = store.partition("s", 0).expect("partition");
+        mgr.append(&p, plain_batch("x")).expect("plain"); // 0
+        let (pid, e) = mgr.init_producer_id("s1", 60_000, None).unwrap().unwrap();
+        mgr.add_partitions("s1", pid, e, &tp).unwrap().unwrap();
+        mgr.append(&p, txn_batch(pid, e, 0, &["o"])).expect("txn"); // 1
+        mgr.append(&p, plain_batch("y")).expect("plain"); // 2
+        mgr.snapshot_all().expect("snapshot");
+    }
+    let (store, mgr) = open(dir.path());
+    let p = store.partition("s", 0).expect("partition");
+    assert_eq!(
+        mgr.last_stable_offset(&p).unwrap(),
+        1,
+        "open txn from the snapshot"
+    );
+    // Re-create the topic: the old snapshot on disk must not hold the new log's LSO.
+    store.delete_topic("s").expect("delete");
+    store.create_topic("s", 1).expect("re-create");
+    let p = store.partition("s", 0).expect("partition");
+    for v in ["a", "b", "c"] {
+        mgr.append(&p, plain_batch(v)).expect("plain");
+    }
+    assert_eq!(mgr.last_stable_offset(&p).unwrap(), p.high_watermark());
+}

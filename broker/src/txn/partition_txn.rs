@@ -53,6 +53,21 @@ pub(crate) fn for_each_batch(
     }
 }
 
+/// Whether the batch at `offset` is a transactional data batch of `producer_id`.
+fn opens_transaction(partition: &Partition, producer_id: i64, offset: i64) -> bool {
+    let Ok(buf) = partition.read(offset, 1) else {
+        return false;
+    };
+    buf.get(..crate::storage::batch::HEADER_LEN)
+        .and_then(|b| parse_header(b).ok())
+        .is_some_and(|h| {
+            h.base_offset == offset
+                && h.producer_id == producer_id
+                && h.is_transactional()
+                && !h.is_control()
+        })
+}
+
 impl PartitionTxn {
     /// Loads the partition's index (from `root` when durable) and replays the log from the
     /// snapshot offset to the high watermark.
@@ -81,7 +96,19 @@ impl PartitionTxn {
             if let Some((offset, open)) = loaded.snapshot {
                 if offset <= hw && offset >= start {
                     start = offset;
-                    state.open = open.into_iter().collect();
+                    // Keep only entries the log confirms (a topic deleted and re-created
+                    // under the same name leaves a stale snapshot behind).
+                    state.open = open
+                        .into_iter()
+                        .filter(|&(pid, first)| {
+                            let ok = opens_transaction(&partition, pid, first);
+                            if !ok {
+                                tracing::warn!(%topic, partition = index, producer_id = pid,
+                                    first, "dropping a snapshot entry the log does not confirm");
+                            }
+                            ok
+                        })
+                        .collect();
                 }
             }
             files = Some(f);
