@@ -24,6 +24,7 @@ pub mod group;
 pub mod handlers;
 pub mod metrics;
 pub mod producer_ids;
+pub mod request_guard;
 pub mod server;
 pub mod state;
 pub mod storage;

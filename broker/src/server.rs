@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -25,8 +25,12 @@ use crate::storage::Store;
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// Frames decoded ahead of the request being handled, per connection.
+/// Frames read ahead of the request being handled, per connection.
 const PIPELINE_DEPTH: usize = 64;
+
+/// Bytes of frames read ahead per connection (one larger frame may be read alone), so a
+/// pipelining client cannot make the broker buffer `PIPELINE_DEPTH` maximum-size frames.
+const READ_AHEAD_BYTES: usize = 8 * 1024 * 1024;
 
 /// A running broker. Dropping it leaves the broker running until the runtime ends; call
 /// [`BrokerHandle::shutdown`] to stop it and flush the log.
@@ -261,14 +265,22 @@ async fn serve_connection(
     let _ = stream.set_nodelay(true);
     let (mut reader, writer) = stream.into_split();
     let max = state.config.max_request_bytes;
-    let (frames_tx, mut frames) = mpsc::channel::<Bytes>(PIPELINE_DEPTH);
+    let (frames_tx, mut frames) = mpsc::channel::<(Bytes, OwnedSemaphorePermit)>(PIPELINE_DEPTH);
+    let read_ahead = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
     let read_task = tokio::spawn(
         async move {
             loop {
                 match codec::read_frame(&mut reader, max).await {
                     Ok(Some(frame)) => {
                         metrics::bytes_in(frame.len() + 4);
-                        if frames_tx.send(frame).await.is_err() {
+                        // Held until the request is handled; waits while the connection
+                        // already has READ_AHEAD_BYTES of unhandled frames.
+                        let cost = frame.len().clamp(1, READ_AHEAD_BYTES) as u32;
+                        let Ok(permit) = Arc::clone(&read_ahead).acquire_many_owned(cost).await
+                        else {
+                            break;
+                        };
+                        if frames_tx.send((frame, permit)).await.is_err() {
                             break;
                         }
                     }
@@ -284,14 +296,16 @@ async fn serve_connection(
     );
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     loop {
-        let frame = tokio::select! {
+        let (frame, permit) = tokio::select! {
             _ = crate::state::shutdown_signalled(&mut shutdown) => break,
             frame = frames.recv() => match frame {
-                Some(frame) => frame,
+                Some(next) => next,
                 None => break,
             },
         };
-        let Some(response) = handle_frame(&state, frame).await else {
+        let response = handle_frame(&state, frame).await;
+        drop(permit);
+        let Some(response) = response else {
             break;
         };
         if let Some(bytes) = response {
@@ -321,7 +335,9 @@ async fn handle_frame(state: &Arc<BrokerState>, frame: Bytes) -> Option<Option<B
     let prefix = codec::peek_prefix(&frame).ok();
     let span = tracing::debug_span!(
         "request",
-        api = prefix.map_or(-1, |p| p.api_key),
+        api = prefix
+            .and_then(|p| kafka_protocol::messages::ApiKey::try_from(p.api_key).ok())
+            .map_or("unknown", api_name),
         version = prefix.map_or(-1, |p| p.api_version),
         correlation_id = tracing::field::Empty,
         client_id = tracing::field::Empty,

@@ -153,9 +153,15 @@ fn produce_all(bootstrap: &str, topics: &[&str], compression: &str) -> Result<()
     Ok(())
 }
 
-fn consume_and_check(bootstrap: &str, topics: &[&str], compression: &str) -> Result<()> {
+fn consume_and_check(
+    bootstrap: &str,
+    topics: &[&str],
+    compression: &str,
+    isolation: &str,
+) -> Result<()> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
+        .set("isolation.level", isolation)
         .set("enable.auto.commit", "false")
         .set("group.id", "unused-assign-only")
         .create()?;
@@ -289,7 +295,14 @@ fn round_trip(compression: &str, data_dir: Option<&std::path::Path>) -> Result<(
     let started = Instant::now();
     produce_all(&bootstrap, &topics, compression)?;
     let produced = started.elapsed();
-    consume_and_check(&bootstrap, &topics, compression)?;
+    // The durable run reads as a read_committed consumer (no transactions: everything is
+    // stable), the in-memory run as read_uncommitted.
+    let isolation = if data_dir.is_some() {
+        "read_committed"
+    } else {
+        "read_uncommitted"
+    };
+    consume_and_check(&bootstrap, &topics, compression, isolation)?;
     check_list_offsets(&bootstrap, &topics)?;
     eprintln!(
         "{compression} (durable: {}): produced {RECORDS} in {produced:?}, produced+consumed in {:?}",

@@ -95,7 +95,9 @@ fn be_i64(b: &[u8], at: usize) -> i64 {
 impl BatchHeader {
     /// The batch's last offset.
     pub fn last_offset(&self) -> i64 {
-        self.base_offset + i64::from(self.last_offset_delta)
+        // Saturating: headers read back from a damaged file must not overflow.
+        self.base_offset
+            .saturating_add(i64::from(self.last_offset_delta))
     }
     /// Whether the batch belongs to a transaction.
     pub fn is_transactional(&self) -> bool {
@@ -204,6 +206,16 @@ pub fn split_batches(buf: &[u8]) -> Result<Vec<(usize, BatchHeader)>, BatchFault
     }
     while pos < buf.len() {
         let rest = &buf[pos..];
+        // Legacy message sets (magic 0/1) keep the magic byte at the same position: report
+        // them as unsupported rather than as damaged, whatever their length.
+        if let Some(&magic) = rest.get(16) {
+            if magic != 2 {
+                return Err(BatchFault::Invalid(format!(
+                    "record batch magic {} at position {pos} is not supported (only v2)",
+                    magic as i8
+                )));
+            }
+        }
         let size = match peek_size(rest) {
             None => {
                 return Err(BatchFault::Corrupt(format!(
@@ -234,10 +246,12 @@ pub fn set_base_offset(batch: &mut [u8], base_offset: i64) {
 /// `sequence + increment`, wrapping past `i32::MAX` to 0 as Kafka's
 /// `DefaultRecordBatch.incrementSequence` does.
 pub fn increment_sequence(sequence: i32, increment: i32) -> i32 {
-    if sequence > i32::MAX - increment {
-        increment - (i32::MAX - sequence) - 1
+    // Computed in i64 so that garbage inputs cannot overflow.
+    let next = i64::from(sequence) + i64::from(increment);
+    if next > i64::from(i32::MAX) {
+        (next - i64::from(i32::MAX) - 1) as i32
     } else {
-        sequence + increment
+        next as i32
     }
 }
 
@@ -421,6 +435,11 @@ mod tests {
         let mut neg = one.clone();
         neg[8..12].copy_from_slice(&(-5i32).to_be_bytes());
         assert!(split_batches(&neg).is_err());
+        // A short magic-1 message set is unsupported, not corrupt.
+        let mut v1 = vec![0u8; 30];
+        v1[8..12].copy_from_slice(&18i32.to_be_bytes());
+        v1[16] = 1;
+        assert!(matches!(split_batches(&v1), Err(BatchFault::Invalid(_))));
     }
 
     #[test]
@@ -429,5 +448,7 @@ mod tests {
         assert_eq!(increment_sequence(i32::MAX, 1), 0);
         assert_eq!(increment_sequence(i32::MAX - 1, 3), 1);
         assert_eq!(increment_sequence(i32::MAX, 0), i32::MAX);
+        assert_eq!(increment_sequence(i32::MAX, i32::MAX), i32::MAX - 1);
+        let _ = increment_sequence(i32::MIN, i32::MIN);
     }
 }

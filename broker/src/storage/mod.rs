@@ -20,6 +20,7 @@ mod recovery;
 pub mod segment;
 pub mod snapshot;
 pub mod topics;
+pub mod txn_index;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -30,7 +31,8 @@ pub use backend::{BackendFile, FileBackend, StorageBackend};
 pub use config::{FsyncPolicy, ParseFsyncPolicyError, StorageConfig};
 pub use error::{AppendError, ReadError, Result, StorageError};
 pub use memory::MemBackend;
-pub use partition::{AppendOutcome, Partition};
+pub use partition::{AppendOutcome, CommittedRead, Partition};
+pub use txn_index::AbortedTxn;
 
 use partition::PartitionContext;
 

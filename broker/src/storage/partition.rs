@@ -18,6 +18,7 @@ use super::producer_state::{ProducerEntry, ProducerStates, SequenceCheck};
 use super::recovery;
 use super::segment::{self, HeaderWalker, Segment};
 use super::snapshot;
+use super::txn_index::{self, AbortedTxn, CONTROL_ABORT};
 
 /// Snapshots kept per partition (the newest ones).
 pub(crate) const SNAPSHOTS_KEPT: usize = 2;
@@ -37,6 +38,38 @@ pub struct AppendOutcome {
     pub duplicate: bool,
 }
 
+/// What a read_committed fetch returns for a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommittedRead {
+    /// Whole batches below the last stable offset.
+    pub records: Bytes,
+    /// Aborted transactions overlapping the returned range (the Fetch response's
+    /// `aborted_transactions`: producer id and first offset).
+    pub aborted: Vec<AbortedTxn>,
+    /// The last stable offset when the read was made.
+    pub last_stable_offset: i64,
+    /// The high watermark when the read was made.
+    pub high_watermark: i64,
+    /// The log start offset.
+    pub log_start_offset: i64,
+}
+
+/// The last offset of the last whole batch in `records`.
+fn last_offset_in(records: &[u8]) -> Option<i64> {
+    let mut pos = 0;
+    let mut last = None;
+    while let Some(Ok(size)) = batch::peek_size(&records[pos..]) {
+        let Some(b) = records.get(pos..pos + size) else {
+            break;
+        };
+        if let Ok(h) = batch::parse_header(b) {
+            last = Some(h.last_offset());
+        }
+        pos += size;
+    }
+    last
+}
+
 /// The mutable state of a partition's log, guarded by the partition's mutex.
 #[derive(Debug)]
 pub(crate) struct LogState {
@@ -52,6 +85,12 @@ pub(crate) struct LogState {
     pub producers: ProducerStates,
     /// Offsets of the snapshot files present, ascending.
     pub snapshots: Vec<i64>,
+    /// Aborted transactions in marker order (mirrors `aborted.txnindex`).
+    pub aborted: Vec<AbortedTxn>,
+    /// The aborted-transaction index file.
+    pub txn_index: Arc<dyn BackendFile>,
+    /// Entries were appended to `txn_index` since its last fsync.
+    pub txn_index_unsynced: bool,
     /// Data was written since the last fsync.
     pub unsynced: bool,
     /// An I/O failure left the tail in an unknown state: appends are refused until reopen.
@@ -94,7 +133,19 @@ impl Partition {
         index: i32,
         dir: PathBuf,
     ) -> Result<Partition, StorageError> {
+        let started = Instant::now();
         let state = recovery::recover(ctx.backend.as_ref(), &dir)?;
+        tracing::debug!(
+            topic,
+            partition = index,
+            segments = state.segments.len(),
+            log_start = state.log_start,
+            log_end = state.log_end,
+            producers = state.producers.len(),
+            aborted = state.aborted.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "opened partition"
+        );
         let metrics = PartitionMetrics::new(topic, index);
         metrics.log_end_offset.set(state.log_end as f64);
         Ok(Partition {
@@ -198,6 +249,72 @@ impl Partition {
         open
     }
 
+    /// Appends a COMMIT (`commit`) or ABORT marker for a producer's transaction on this
+    /// partition (see [`Partition::append_control`]). `timestamp` is the marker's record time.
+    pub fn append_marker(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        coordinator_epoch: i32,
+        timestamp: i64,
+    ) -> Result<AppendOutcome, AppendError> {
+        let marker = txn_index::encode_marker(
+            producer_id,
+            producer_epoch,
+            commit,
+            coordinator_epoch,
+            timestamp,
+        );
+        self.append_control(marker.freeze())
+    }
+
+    /// The last stable offset: the first offset of the earliest open transaction, or the high
+    /// watermark if none is open (or all open ones start above it).
+    pub fn last_stable_offset(&self) -> i64 {
+        Self::lso_of(&self.lock())
+    }
+
+    fn lso_of(st: &LogState) -> i64 {
+        st.producers
+            .iter()
+            .filter_map(|(_, e)| e.txn_first_offset)
+            .fold(st.high_watermark, i64::min)
+    }
+
+    /// Aborted transactions overlapping `[from, to)`, from the persisted index.
+    pub fn aborted_transactions(&self, from: i64, to: i64) -> Vec<AbortedTxn> {
+        txn_index::overlapping(&self.lock().aborted, from, to)
+    }
+
+    /// A read_committed fetch: whole batches from the one containing `fetch_offset` below the
+    /// last stable offset (limits as [`Partition::read`]), with the aborted transactions that
+    /// overlap what is returned. Offsets are range-checked against the high watermark.
+    pub fn read_committed(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+    ) -> Result<CommittedRead, ReadError> {
+        let (lso, high_watermark, log_start_offset) = {
+            let st = self.lock();
+            (Self::lso_of(&st), st.high_watermark, st.log_start)
+        };
+        let records = self.read_until(fetch_offset, max_bytes, lso)?;
+        let end = last_offset_in(&records).map_or(fetch_offset, |last| last + 1);
+        let aborted = if records.is_empty() {
+            Vec::new()
+        } else {
+            self.aborted_transactions(fetch_offset, end)
+        };
+        Ok(CommittedRead {
+            records,
+            aborted,
+            last_stable_offset: lso,
+            high_watermark,
+            log_start_offset,
+        })
+    }
+
     /// Appends already validated batches (`batches` = positions and headers within `records`).
     fn append_validated(
         &self,
@@ -210,7 +327,9 @@ impl Partition {
         let mut staged: Vec<(i64, ProducerEntry)> = Vec::new();
         let mut next = st.log_end;
         let mut assigned: Vec<BatchHeader> = Vec::with_capacity(batches.len());
-        for (_, h) in batches {
+        // (producer id, first offset, marker offset) of transactions aborted by this request.
+        let mut aborts: Vec<(i64, i64, i64)> = Vec::new();
+        for (pos, h) in batches {
             let current = staged
                 .iter()
                 .rev()
@@ -235,6 +354,13 @@ impl Partition {
             let mut h = *h;
             h.base_offset = next;
             next = h.last_offset() + 1;
+            if h.is_control()
+                && txn_index::control_type(&records[*pos..*pos + h.size], &h) == Some(CONTROL_ABORT)
+            {
+                if let Some(first) = current.and_then(|e| e.txn_first_offset) {
+                    aborts.push((h.producer_id, first, h.base_offset));
+                }
+            }
             if let Some(e) = ProducerStates::apply(current.cloned(), &h) {
                 staged.push((h.producer_id, e));
             }
@@ -277,6 +403,12 @@ impl Partition {
             st.producers.insert(pid, e);
         }
         let base_offset = st.log_end;
+        if !aborts.is_empty() {
+            if let Err(e) = self.record_aborts(st, &aborts, base_offset, batches.len() > 1) {
+                st.failed = Some(format!("aborted-transaction index write failed: {e}"));
+                return Err(e.into());
+            }
+        }
         st.log_end = next;
         st.unsynced = true;
         self.metrics.bytes_appended.increment(buf.len() as u64);
@@ -293,6 +425,55 @@ impl Partition {
             FsyncPolicy::Interval(_) | FsyncPolicy::Never => st.high_watermark = next,
         }
         Ok(outcome)
+    }
+
+    /// Adds aborted-index entries for ABORT markers just written and appends them to the file
+    /// (fsynced before the next snapshot: entries after a snapshot are re-derived on recovery).
+    fn record_aborts(
+        &self,
+        st: &mut LogState,
+        aborts: &[(i64, i64, i64)],
+        request_base: i64,
+        multi_batch: bool,
+    ) -> Result<(), StorageError> {
+        let open_min = st
+            .producers
+            .iter()
+            .filter_map(|(_, e)| e.txn_first_offset)
+            .min();
+        let mut buf = Vec::new();
+        for &(producer_id, first_offset, last_offset) in aborts {
+            let mut lso = open_min.map_or(last_offset + 1, |m| m.min(last_offset + 1));
+            if multi_batch {
+                // Later markers of the same request may close transactions that were open
+                // here; the request start is a safe lower bound for all of them.
+                lso = lso.min(request_base);
+            }
+            let entry = AbortedTxn {
+                producer_id,
+                first_offset,
+                last_offset,
+                last_stable_offset: lso,
+            };
+            buf.extend_from_slice(&entry.encode());
+            st.aborted.push(entry);
+        }
+        st.txn_index_unsynced = true;
+        st.txn_index
+            .append(&buf)
+            .map(|_| ())
+            .map_err(|e| self.io_err(&self.dir.join(txn_index::TXN_INDEX_FILE), e))
+    }
+
+    /// fsyncs the aborted-transaction index if entries were added since the last fsync.
+    fn sync_txn_index(&self, st: &mut LogState) -> Result<(), StorageError> {
+        if st.txn_index_unsynced {
+            st.txn_index
+                .sync()
+                .map_err(|e| self.io_err(&self.dir.join(txn_index::TXN_INDEX_FILE), e))?;
+            st.txn_index_unsynced = false;
+        }
+        Ok(())
     }
 
     /// fsyncs the active segment without holding the lock, then exposes offsets below
@@ -360,6 +541,8 @@ impl Partition {
         if st.snapshots.last() == Some(&offset) {
             return Ok(());
         }
+        // Aborted entries below the snapshot offset are not re-derived on recovery.
+        self.sync_txn_index(st)?;
         let path = self.dir.join(segment::file_name(offset, "snapshot"));
         self.ctx
             .backend
@@ -410,6 +593,7 @@ impl Partition {
         }
         st.unsynced = false;
         st.high_watermark = log_end;
+        self.sync_txn_index(st)?;
         if snapshot {
             self.write_snapshot(st)?;
         }
@@ -420,6 +604,17 @@ impl Partition {
     /// at most `max_bytes` except that the first batch is always whole (KIP-74). Empty when
     /// `fetch_offset` is the high watermark.
     pub fn read(&self, fetch_offset: i64, max_bytes: usize) -> Result<Bytes, ReadError> {
+        self.read_until(fetch_offset, max_bytes, i64::MAX)
+    }
+
+    /// Like [`Partition::read`], but stops before the first batch at or past `end_offset`
+    /// (e.g. the last stable offset for read_committed fetches).
+    pub fn read_until(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+        end_offset: i64,
+    ) -> Result<Bytes, ReadError> {
         let (file, path, start, size, limit) = {
             let st = self.lock();
             if fetch_offset < st.log_start || fetch_offset > st.high_watermark {
@@ -442,9 +637,12 @@ impl Partition {
                 seg.log_path.clone(),
                 start,
                 seg.size(),
-                st.high_watermark,
+                st.high_watermark.min(end_offset),
             )
         };
+        if fetch_offset >= limit {
+            return Ok(Bytes::new());
+        }
         segment::read_batches(file.as_ref(), start, size, fetch_offset, limit, max_bytes)
             .map_err(|e| ReadError::Storage(StorageError::io(path, e)))
     }

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use super::backend::StorageBackend;
+use super::batch::BatchHeader;
 use super::error::{Result, StorageError};
 use super::index::{self, IndexEntry, INDEX_INTERVAL_BYTES};
 use super::metrics::RECOVERY_TRUNCATIONS;
@@ -14,6 +15,7 @@ use super::partition::{LogState, SNAPSHOTS_KEPT};
 use super::producer_state::ProducerStates;
 use super::segment::{self, HeaderWalker, Segment};
 use super::snapshot;
+use super::txn_index::{self, AbortedTxn, CONTROL_ABORT, TXN_INDEX_FILE};
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
     move |e| StorageError::io(path, e)
@@ -27,6 +29,9 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path) -> Result<LogSta
     let mut snapshots = BTreeSet::new();
     for entry in backend.list(dir).map_err(io(dir))? {
         if entry.is_dir {
+            continue;
+        }
+        if entry.name == TXN_INDEX_FILE {
             continue;
         }
         if entry.name.ends_with(".tmp") {
@@ -86,8 +91,29 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path) -> Result<LogSta
     }
     let log_start = segments.first().map_or(0, |s| s.base_offset);
     let log_end = segments.last().map_or(0, |s| s.next_offset);
-    let (producers, kept) =
-        recover_producers(backend, dir, &segments, snapshots, log_start, log_end)?;
+    let txn_path = dir.join(TXN_INDEX_FILE);
+    let stored_txn = backend.read_file(&txn_path).map_err(io(&txn_path))?;
+    let (mut aborted, damaged) = txn_index::load(stored_txn.as_deref());
+    if damaged {
+        tracing::warn!(file = %txn_path.display(), "aborted-transaction index damaged; keeping its valid prefix and re-deriving the rest");
+    }
+    let loaded_aborted = aborted.clone();
+    let (producers, kept) = recover_producers(
+        backend,
+        dir,
+        &segments,
+        snapshots,
+        (log_start, log_end),
+        &mut aborted,
+        // Without a trustworthy index the whole log is replayed so no entry is lost.
+        stored_txn.is_some() && !damaged,
+    )?;
+    if stored_txn.is_none() || damaged || aborted != loaded_aborted {
+        backend
+            .write_file_atomic(&txn_path, &txn_index::encode_file(&aborted))
+            .map_err(io(&txn_path))?;
+    }
+    let txn_index = backend.open(&txn_path).map_err(io(&txn_path))?;
     let mut state = LogState {
         segments,
         log_start,
@@ -95,6 +121,9 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path) -> Result<LogSta
         high_watermark: log_end,
         producers,
         snapshots: kept,
+        aborted,
+        txn_index,
+        txn_index_unsynced: false,
         unsynced: false,
         failed: None,
         deleted: false,
@@ -188,24 +217,28 @@ fn recover_segment(backend: &dyn StorageBackend, dir: &Path, base: i64) -> Resul
 }
 
 /// Loads the newest valid snapshot at or below `log_end` (deleting newer or damaged ones) and
-/// replays the log after it. Returns the state and the snapshot offsets kept.
+/// replays the log after it, re-deriving aborted-index entries from the ABORT markers there
+/// (`aborted` keeps only the entries before the replay start). Returns the state and the
+/// snapshot offsets kept.
 fn recover_producers(
     backend: &dyn StorageBackend,
     dir: &Path,
     segments: &[Segment],
     snapshots: BTreeSet<i64>,
-    log_start: i64,
-    log_end: i64,
+    (log_start, log_end): (i64, i64),
+    aborted: &mut Vec<AbortedTxn>,
+    use_snapshots: bool,
 ) -> Result<(ProducerStates, Vec<i64>)> {
     let mut kept = Vec::new();
     let mut loaded: Option<(i64, ProducerStates)> = None;
     for off in snapshots.into_iter().rev() {
         let path = dir.join(segment::file_name(off, "snapshot"));
-        if loaded.is_some() {
+        let inside = (log_start..=log_end).contains(&off);
+        if inside && (loaded.is_some() || !use_snapshots) {
             kept.push(off);
             continue;
         }
-        let verdict = if off > log_end || off < log_start {
+        let verdict = if !inside {
             Err(format!(
                 "snapshot offset outside the log [{log_start}, {log_end}]"
             ))
@@ -234,6 +267,7 @@ fn recover_producers(
     }
     kept.reverse();
     let (from, mut producers) = loaded.unwrap_or((log_start, ProducerStates::default()));
+    aborted.retain(|e| e.last_offset < from);
     for seg in segments.iter().filter(|s| s.next_offset > from) {
         let mut walker = HeaderWalker::new(seg.log.as_ref(), seg.size());
         let (mut pos, _) = seg.locate(from);
@@ -241,6 +275,10 @@ fn recover_producers(
             match walker.header_at(pos) {
                 Ok(Some(Ok(h))) => {
                     if h.base_offset >= from {
+                        if h.is_control() {
+                            let bytes = seg.log.read_at(pos, h.size).map_err(io(&seg.log_path))?;
+                            derive_abort(&producers, &bytes, &h, aborted);
+                        }
                         producers.replay(&h);
                     }
                     pos += h.size as u64;
@@ -251,4 +289,35 @@ fn recover_producers(
         }
     }
     Ok((producers, kept))
+}
+
+/// Adds the aborted-index entry of an ABORT marker met during replay (before `producers`
+/// applies it).
+fn derive_abort(
+    producers: &ProducerStates,
+    bytes: &[u8],
+    h: &BatchHeader,
+    aborted: &mut Vec<AbortedTxn>,
+) {
+    if txn_index::control_type(bytes, h) != Some(CONTROL_ABORT) {
+        return;
+    }
+    let Some(first) = producers
+        .get(h.producer_id)
+        .and_then(|e| e.txn_first_offset)
+    else {
+        return;
+    };
+    let lso = producers
+        .iter()
+        .filter(|(pid, _)| **pid != h.producer_id)
+        .filter_map(|(_, e)| e.txn_first_offset)
+        .min()
+        .map_or(h.base_offset + 1, |m| m.min(h.base_offset + 1));
+    aborted.push(AbortedTxn {
+        producer_id: h.producer_id,
+        first_offset: first,
+        last_offset: h.base_offset,
+        last_stable_offset: lso,
+    });
 }
