@@ -62,6 +62,7 @@ impl BrokerHandle {
     /// storage, and returns.
     pub async fn shutdown(self) {
         let _ = self.shutdown_tx.send(true);
+        self.state.groups.begin_shutdown();
         if let Err(e) = self.server.await {
             tracing::error!(error = %e, "server task failed");
         }
