@@ -66,11 +66,6 @@ impl BrokerHandle {
         if let Err(e) = self.server.await {
             tracing::error!(error = %e, "server task failed");
         }
-        // onceflow-txn (broker-txn helper): snapshot open transactions for a fast restart.
-        let txn = Arc::clone(&self.state.txn);
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || txn.snapshot_all()).await {
-            tracing::error!(error = %e, "writing transaction snapshots at shutdown failed");
-        }
         self.state.groups.close();
         let store = self.state.store.clone();
         match tokio::task::spawn_blocking(move || store.flush_all()).await {

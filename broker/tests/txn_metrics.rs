@@ -38,9 +38,9 @@ async fn transaction_metrics_are_exported() {
         p.begin_transaction().expect("begin");
         send(&p, "met", 0, "b");
         flush(&p);
-        // A read_committed fetch while the transaction is open records the LSO lag.
+        // The LSO lag is published every second while the transaction is open.
         let rc = consumer(&bs, true, &[("met", 0)]);
-        let _ = poll_for(&rc, Duration::from_millis(800));
+        let _ = poll_for(&rc, Duration::from_millis(1500));
         let open_text = scrape(metrics_addr);
         p.abort_transaction(T).expect("abort");
         (open_text, scrape(metrics_addr))

@@ -1,6 +1,6 @@
-//! Recovery of the partition transaction layer and the coordinator from a durable data dir,
-//! without a clean shutdown (no snapshots written): open transactions, the LSO and the
-//! aborted-transaction index are rebuilt; a transaction left in PrepareCommit is completed.
+//! Recovery of the coordinator with the storage's transaction state from a durable data dir,
+//! without a clean shutdown: open transactions, the LSO and the aborted-transaction index
+//! are back, the open transaction can still be committed, and marker jobs are idempotent.
 
 use std::sync::Arc;
 
@@ -8,7 +8,9 @@ use bytes::Bytes;
 use kafka_protocol::ResponseError;
 use onceflow_broker::storage::batch::{encode_batch, BatchSpec, RecordSpec, ATTR_TRANSACTIONAL};
 use onceflow_broker::storage::{FsyncPolicy, StorageConfig, Store};
-use onceflow_broker::txn::{CountingProducerIds, TxnConfig, TxnManager, TxnProduceError, TxnState};
+use onceflow_broker::txn::{
+    CountingProducerIds, MarkerJob, MarkerKind, TxnConfig, TxnManager, TxnProduceError, TxnState,
+};
 
 fn open(dir: &std::path::Path) -> (Store, Arc<TxnManager>) {
     let store = Store::open(StorageConfig {
@@ -89,14 +91,14 @@ fn open_transactions_lso_and_aborted_index_survive_a_crash() {
         mgr.append(&p, txn_batch(pb, eb, 0, &["b0"])).expect("b"); // 3
         mgr.end_txn("a", pa, ea, false).unwrap().unwrap(); // abort marker at 4
         mgr.append(&p, plain_batch("plain-1")).expect("plain"); // 5
-        assert_eq!(mgr.last_stable_offset(&p).unwrap(), 3);
+        assert_eq!(p.last_stable_offset(), 3);
         // Crash: dropped without snapshots.
     }
     let (store, mgr) = open(dir.path());
     let p = store.partition("t", 0).expect("partition");
     assert_eq!(p.high_watermark(), 6);
-    assert_eq!(mgr.last_stable_offset(&p).unwrap(), 3, "b is still open");
-    let read = mgr.read_committed(&p, 0, 1 << 20).expect("read");
+    assert_eq!(p.last_stable_offset(), 3, "b is still open");
+    let read = p.read_committed(0, 1 << 20).expect("read");
     assert_eq!(read.last_stable_offset, 3);
     let aborted: Vec<(i64, i64, i64)> = read
         .aborted
@@ -115,37 +117,18 @@ fn open_transactions_lso_and_aborted_index_survive_a_crash() {
         mgr.describe("b").expect("b").state,
         TxnState::CompleteCommit
     );
-    assert_eq!(mgr.last_stable_offset(&p).unwrap(), p.high_watermark());
-}
-
-#[test]
-fn snapshot_restores_open_transactions_and_stale_entries_are_dropped() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let tp = vec![("s".to_string(), 0)];
-    {
-        let (store, mgr) = open(dir.path());
-        store.create_topic("s", 1).expect("topic");
-        let p = store.partition("s", 0).expect("partition");
-        mgr.append(&p, plain_batch("x")).expect("plain"); // 0
-        let (pid, e) = mgr.init_producer_id("s1", 60_000, None).unwrap().unwrap();
-        mgr.add_partitions("s1", pid, e, &tp).unwrap().unwrap();
-        mgr.append(&p, txn_batch(pid, e, 0, &["o"])).expect("txn"); // 1
-        mgr.append(&p, plain_batch("y")).expect("plain"); // 2
-        mgr.snapshot_all().expect("snapshot");
-    }
-    let (store, mgr) = open(dir.path());
-    let p = store.partition("s", 0).expect("partition");
-    assert_eq!(
-        mgr.last_stable_offset(&p).unwrap(),
-        1,
-        "open txn from the snapshot"
-    );
-    // Re-create the topic: the old snapshot on disk must not hold the new log's LSO.
-    store.delete_topic("s").expect("delete");
-    store.create_topic("s", 1).expect("re-create");
-    let p = store.partition("s", 0).expect("partition");
-    for v in ["a", "b", "c"] {
-        mgr.append(&p, plain_batch(v)).expect("plain");
-    }
-    assert_eq!(mgr.last_stable_offset(&p).unwrap(), p.high_watermark());
+    assert_eq!(p.last_stable_offset(), p.high_watermark());
+    // Running the same markers again (as recovery does) writes nothing more.
+    let hw = p.high_watermark();
+    let job = MarkerJob {
+        transactional_id: "b".into(),
+        producer_id: b.producer_id,
+        producer_epoch: b.producer_epoch,
+        coordinator_epoch: 0,
+        kind: MarkerKind::Commit,
+        partitions: tp(),
+        groups: Vec::new(),
+    };
+    mgr.run_job(&job).expect("re-run");
+    assert_eq!(p.high_watermark(), hw);
 }
