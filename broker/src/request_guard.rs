@@ -156,7 +156,13 @@ fn min_len(flexible: bool, classic: usize) -> usize {
 }
 
 /// Advertised APIs whose request bodies hold no arrays, so the decoder cannot over-reserve.
-pub const WITHOUT_ARRAYS: &[ApiKey] = &[ApiKey::ApiVersions, ApiKey::InitProducerId];
+pub const WITHOUT_ARRAYS: &[ApiKey] = &[
+    ApiKey::ApiVersions,
+    ApiKey::InitProducerId,
+    // onceflow-txn (broker-txn helper)
+    ApiKey::AddOffsetsToTxn,
+    ApiKey::EndTxn,
+];
 
 /// APIs this module walks. Every API added to the advertised table must be here (with a walk
 /// below) or in [`WITHOUT_ARRAYS`]; a unit test enforces it.
@@ -168,6 +174,9 @@ pub const WALKED: &[ApiKey] = &[
     ApiKey::CreateTopics,
     ApiKey::DeleteTopics,
     ApiKey::DescribeConfigs,
+    // onceflow-txn (broker-txn helper): walked in request_guard_txn.rs.
+    ApiKey::AddPartitionsToTxn,
+    ApiKey::TxnOffsetCommit,
 ];
 
 /// Walks a request body of `api` at `version` (whose header has been consumed). APIs not in
@@ -179,6 +188,10 @@ pub fn check(api: ApiKey, version: i16, body: &[u8]) -> Result<()> {
 /// [`check`], returning how many bytes the walk consumed (all of them for a well-formed body).
 fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
     if let Some(consumed) = groups::walk(api, version, body)? {
+        return Ok(consumed);
+    }
+    // onceflow-txn (broker-txn helper)
+    if let Some(consumed) = txn::walk(api, version, body)? {
         return Ok(consumed);
     }
     let flexible = match api {
@@ -319,6 +332,9 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
 
 #[path = "request_guard_groups.rs"]
 mod groups;
+// onceflow-txn (broker-txn helper)
+#[path = "request_guard_txn.rs"]
+mod txn;
 
 #[cfg(test)]
 #[path = "request_guard_tests.rs"]

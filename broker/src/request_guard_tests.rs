@@ -158,6 +158,8 @@ fn sample(api: ApiKey, version: i16) -> Option<Vec<u8>> {
                 .with_include_documentation(version >= 3),
             version,
         ),
+        // onceflow-txn (broker-txn helper)
+        api if super::txn::WALKED_TXN.contains(&api) => return super::txn::sample(api, version),
         _ => return None,
     };
     Some(b)
