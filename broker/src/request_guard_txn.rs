@@ -7,7 +7,8 @@ use kafka_protocol::messages::ApiKey;
 
 use super::{min_len, Result, Walker};
 
-/// Transaction APIs walked here.
+/// Transaction APIs walked here (the guard's tests iterate it).
+#[cfg(test)]
 pub(super) const WALKED_TXN: &[ApiKey] = &[ApiKey::AddPartitionsToTxn, ApiKey::TxnOffsetCommit];
 
 /// Walks a transaction API request body; `Ok(None)` for other APIs.
