@@ -29,6 +29,7 @@ pub mod request_guard;
 pub mod server;
 pub mod state;
 pub mod storage;
+pub mod txn; // onceflow-txn (broker-txn helper)
 
 pub use config::BrokerConfig;
 pub use error::{BrokerError, Result};

@@ -1,6 +1,12 @@
 //! Request dispatch: checks the advertised version table, decodes the body, runs the API's
 //! handler (one module per API) and encodes the response frame.
 
+// onceflow-txn (broker-txn helper): transaction APIs.
+pub mod add_offsets_to_txn;
+pub mod add_partitions_to_txn;
+pub mod end_txn;
+pub mod txn_offset_commit;
+// onceflow-txn END
 pub mod api_versions;
 pub mod create_topics;
 pub mod delete_topics;
@@ -23,6 +29,9 @@ pub mod sync_group;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use kafka_protocol::messages::{
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
+}; // onceflow-txn
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
@@ -181,6 +190,33 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: DescribeConfigsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &describe_configs::handle(state, &ctx, req))?)
         }
+        // onceflow-txn (broker-txn helper): transaction APIs.
+        ApiKey::AddPartitionsToTxn => {
+            let req: AddPartitionsToTxnRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &add_partitions_to_txn::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::AddOffsetsToTxn => {
+            let req: AddOffsetsToTxnRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &add_offsets_to_txn::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::EndTxn => {
+            let req: EndTxnRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &end_txn::handle(state, &ctx, req).await)?)
+        }
+        ApiKey::TxnOffsetCommit => {
+            let req: TxnOffsetCommitRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &txn_offset_commit::handle(state, &ctx, req).await,
+            )?)
+        }
+        // onceflow-txn END
         ApiKey::FindCoordinator => {
             let req: FindCoordinatorRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &find_coordinator::handle(state, &ctx, req))?)
@@ -250,6 +286,11 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::DeleteTopics => "DeleteTopics",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DescribeConfigs => "DescribeConfigs",
+        // onceflow-txn (broker-txn helper)
+        ApiKey::AddPartitionsToTxn => "AddPartitionsToTxn",
+        ApiKey::AddOffsetsToTxn => "AddOffsetsToTxn",
+        ApiKey::EndTxn => "EndTxn",
+        ApiKey::TxnOffsetCommit => "TxnOffsetCommit",
         ApiKey::FindCoordinator => "FindCoordinator",
         ApiKey::JoinGroup => "JoinGroup",
         ApiKey::SyncGroup => "SyncGroup",

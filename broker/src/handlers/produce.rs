@@ -14,6 +14,7 @@ use super::RequestContext;
 use crate::metrics;
 use crate::state::{BrokerState, TopicLookup};
 use crate::storage::{AppendError, AppendOutcome, Partition};
+use crate::txn::TxnProduceError;
 
 /// One partition's part of the request, resolved before appending.
 struct Job {
@@ -28,10 +29,6 @@ pub async fn handle(
     ctx: &RequestContext,
     req: ProduceRequest,
 ) -> ProduceResponse {
-    let transactional = req
-        .transactional_id
-        .as_ref()
-        .is_some_and(|t| !t.0.is_empty());
     let acks_ok = (-1..=1).contains(&req.acks);
     let mut names: Vec<TopicName> = Vec::with_capacity(req.topic_data.len());
     let mut jobs = Vec::new();
@@ -48,11 +45,6 @@ pub async fn handle(
                 Err((
                     ResponseError::InvalidRequiredAcks,
                     format!("acks must be 0, 1 or -1, got {}", req.acks),
-                ))
-            } else if transactional {
-                Err((
-                    ResponseError::InvalidTxnState,
-                    "transactional produce is not implemented by this broker yet".into(),
                 ))
             } else {
                 match (&lookup, state.partition(name, p.index)) {
@@ -84,11 +76,12 @@ pub async fn handle(
         .map(|j| j.target.as_ref().ok().cloned())
         .collect();
     let outcomes = if state.is_durable() {
-        append_in_parallel(targets).await
+        append_in_parallel(state, targets).await
     } else {
         targets
             .into_iter()
-            .map(|job| job.map(|(partition, records)| partition.append(records)))
+            // onceflow-txn (broker-txn helper): through the transaction layer.
+            .map(|job| job.map(|(partition, records)| state.txn.append(&partition, records)))
             .collect()
     };
 
@@ -119,7 +112,17 @@ pub async fn handle(
                 }
                 Ok(outcome)
             }
-            (Ok(_), Some(Err(e))) => Err(map_append_error(ctx.version, &e)),
+            // onceflow-txn (broker-txn helper): refusals of the transaction layer.
+            (Ok(_), Some(Err(TxnProduceError::Append(e)))) => {
+                Err(map_append_error(ctx.version, &e))
+            }
+            (Ok(_), Some(Err(TxnProduceError::Refused(code)))) => Err((
+                code,
+                "transactional batch refused by the coordinator".into(),
+            )),
+            (Ok(_), Some(Err(TxnProduceError::Txn(e)))) => {
+                Err((ResponseError::KafkaStorageError, e.to_string()))
+            }
         };
         let response = match result {
             Ok(AppendOutcome {
@@ -152,11 +155,14 @@ pub async fn handle(
     ProduceResponse::default().with_responses(responses)
 }
 
-type AppendResult = Result<AppendOutcome, AppendError>;
+// onceflow-txn (broker-txn helper): appends go through the transaction layer, which checks
+// transactional batches against the coordinator and records their first offsets.
+type AppendResult = Result<AppendOutcome, TxnProduceError>;
 
 /// Appends on the blocking pool, one task per partition so their fsyncs overlap; appends
 /// to the same partition stay in request order. `None` marks a task that died.
 async fn append_in_parallel(
+    state: &Arc<BrokerState>,
     jobs: Vec<Option<(Arc<Partition>, Bytes)>>,
 ) -> Vec<Option<AppendResult>> {
     // (partition, [(job slot, records)])
@@ -173,10 +179,11 @@ async fn append_in_parallel(
     let tasks: Vec<_> = groups
         .into_iter()
         .map(|(partition, group)| {
+            let state = Arc::clone(state); // onceflow-txn
             tokio::task::spawn_blocking(move || {
                 group
                     .into_iter()
-                    .map(|(slot, records)| (slot, partition.append(records)))
+                    .map(|(slot, records)| (slot, state.txn.append(&partition, records)))
                     .collect::<Vec<_>>()
             })
         })
