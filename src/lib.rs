@@ -17,7 +17,7 @@ pub mod prelude {
         KeyedProcessFunction, KeyedStream, Map, Rebalance,
     };
     pub use onceflow_runtime::{
-        CheckpointEvent, CheckpointId, Data, DataStream, Error, JobConfig, JobResult, Key,
+        CheckpointEvent, CheckpointId, Data, DataStream, Error, JobArgs, JobConfig, JobResult, Key,
         Operator, RestoreMode, Result, Sink, SinkFactory, Source, SourceFactory, SourcePoll,
         StopHandle, StreamEnvironment, SubtaskInfo, TwoInputs,
     };
