@@ -14,10 +14,10 @@ pub mod prelude {
     pub use onceflow_connectors::{CollectSink, FileSink, FileSinkMode, Generator, MemorySource};
     pub use onceflow_operators::{
         Connect, Filter, FlatMap, KeyBy, KeyedCoProcessFunction, KeyedContext,
-        KeyedProcessFunction, KeyedStream, Map,
+        KeyedProcessFunction, KeyedStream, Map, Rebalance,
     };
     pub use onceflow_runtime::{
-        CheckpointEvent, CheckpointId, Data, DataStream, Error, JobConfig, JobResult, Key,
+        CheckpointEvent, CheckpointId, Data, DataStream, Error, JobArgs, JobConfig, JobResult, Key,
         Operator, RestoreMode, Result, Sink, SinkFactory, Source, SourceFactory, SourcePoll,
         StopHandle, StreamEnvironment, SubtaskInfo, TwoInputs,
     };

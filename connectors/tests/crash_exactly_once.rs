@@ -18,9 +18,10 @@ use onceflow_runtime::{CheckpointEvent, JobConfig, RestoreMode, StreamEnvironmen
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-const RECORDS: u64 = 150_000;
+const RECORDS: u64 = 200_000;
 const KEYS: u64 = 37;
-const RATE: f64 = 15_000.0;
+/// Records/s while the test kills the job (the final run goes at full speed).
+const RATE: f64 = 10_000.0;
 const SPLITS: u32 = 8;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -56,7 +57,12 @@ fn crash_child_job() {
         _ => FileSinkMode::ExactlyOnce,
     };
     let config = JobConfig::new("crash-sum")
-        .parallelism(2)
+        .parallelism(
+            std::env::var("ONCEFLOW_CRASH_PARALLELISM")
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(2),
+        )
         .checkpoint_interval(Duration::from_millis(100))
         .checkpoint_dir(dir.join("checkpoints"))
         .retained_checkpoints(2)
@@ -73,7 +79,12 @@ fn crash_child_job() {
         Generator::new(RECORDS, event)
     };
     let env = StreamEnvironment::new(config.stop_on_sigterm(sigterm));
-    env.source("events", generator.splits(SPLITS).rate_per_second(RATE))
+    let generator = generator.splits(SPLITS);
+    let generator = match std::env::var("ONCEFLOW_CRASH_FULL_SPEED") {
+        Ok(_) => generator,
+        Err(_) => generator.rate_per_second(RATE),
+    };
+    env.source("events", generator)
         .key_by(|e: &Event| e.key)
         .reduce(|acc: &Event, e: Event| Event {
             total: acc.total + e.amount,
@@ -88,7 +99,22 @@ fn crash_child_job() {
 }
 
 fn spawn_child(dir: &Path, mode: &str) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(std::env::current_exe().expect("test binary path"))
+    spawn_child_with(dir, mode, false, 2)
+}
+
+/// Starts the job; `parallelism` may differ from run to run (state is rescaled on restore).
+fn spawn_child_with(
+    dir: &Path,
+    mode: &str,
+    full_speed: bool,
+    parallelism: usize,
+) -> (Child, mpsc::Receiver<String>) {
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary path"));
+    cmd.env("ONCEFLOW_CRASH_PARALLELISM", parallelism.to_string());
+    if full_speed {
+        cmd.env("ONCEFLOW_CRASH_FULL_SPEED", "1");
+    }
+    let mut child = cmd
         .args([
             "crash_child_job",
             "--exact",
@@ -140,7 +166,13 @@ fn run_with_kills(dir: &Path, mode: &str, kills: usize) -> usize {
     let mut done = 0;
     let started = Instant::now();
     while done < kills {
-        let (mut child, rx) = spawn_child(dir, mode);
+        // the exactly-once run also changes the parallelism on restarts
+        let parallelism = if mode == "exactly-once" {
+            rng.random_range(1..=3)
+        } else {
+            2
+        };
+        let (mut child, rx) = spawn_child_with(dir, mode, false, parallelism);
         let strategy = done % 3;
         let alive = match strategy {
             // at a random moment
@@ -183,7 +215,7 @@ fn run_with_kills(dir: &Path, mode: &str, kills: usize) -> usize {
         "{done} kills in {:?}; running to completion",
         started.elapsed()
     );
-    let (mut child, rx) = spawn_child(dir, mode);
+    let (mut child, rx) = spawn_child_with(dir, mode, true, 2);
     let deadline = Instant::now() + Duration::from_secs(60);
     let done_line =
         next_event(&rx, "done", Duration::from_secs(60)).expect("final run did not finish");
@@ -202,26 +234,77 @@ fn run_with_kills(dir: &Path, mode: &str, kills: usize) -> usize {
     done
 }
 
+/// Committed lines ordered by (checkpoint, subtask): within one checkpoint a key belongs to one
+/// subtask, so this is each key's processing order even when the parallelism changed.
+fn committed_lines_in_checkpoint_order(out: &Path) -> Result<Vec<String>, String> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(out).map_err(|e| e.to_string())? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        let Some(rest) = name.strip_prefix("part-") else {
+            continue;
+        };
+        let rest = rest.trim_end_matches(".jsonl");
+        // exactly-once: part-<subtask>-<checkpoint>; at-least-once: part-<subtask>-r<run>-<seq>
+        let parts: Vec<&str> = rest.split('-').collect();
+        let key = match parts.as_slice() {
+            [sub, chk] => (
+                chk.parse::<u128>().unwrap_or(0),
+                0,
+                sub.parse::<u64>().unwrap_or(0),
+            ),
+            [sub, run, seq] => (
+                run.trim_start_matches('r').parse::<u128>().unwrap_or(0),
+                seq.parse::<u64>().unwrap_or(0),
+                sub.parse::<u64>().unwrap_or(0),
+            ),
+            _ => return Err(format!("unexpected output file {name}")),
+        };
+        files.push((key, path));
+    }
+    files.sort();
+    let mut lines = Vec::new();
+    for (_, f) in files {
+        let text = std::fs::read_to_string(&f).map_err(|e| e.to_string())?;
+        lines.extend(text.lines().filter(|l| !l.is_empty()).map(str::to_string));
+    }
+    Ok(lines)
+}
+
 /// Checks the committed output record by record: no id twice, running totals consistent per
 /// key; with `complete`, every id of the input present and every final sum exact, otherwise
 /// (a stopped unbounded run) every split's ids a gap-free prefix.
 fn check_output(dir: &Path, complete: bool) -> Result<(), String> {
-    let lines = read_committed_lines(&dir.join("out")).map_err(|e| e.to_string())?;
+    let lines = committed_lines_in_checkpoint_order(&dir.join("out"))?;
     let mut seen: HashMap<u64, usize> = HashMap::new();
     let mut per_key: BTreeMap<u64, Vec<Event>> = BTreeMap::new();
+    // a torn line (a record cut by the kill) can only come from an at-least-once sink
+    let mut torn = Vec::new();
     for l in &lines {
-        let e: Event = serde_json::from_str(l).map_err(|e| format!("bad line {l}: {e}"))?;
-        *seen.entry(e.id).or_insert(0) += 1;
-        per_key.entry(e.key).or_default().push(e);
+        match serde_json::from_str::<Event>(l) {
+            Ok(e) => {
+                *seen.entry(e.id).or_insert(0) += 1;
+                per_key.entry(e.key).or_default().push(e);
+            }
+            Err(e) => torn.push(format!("{l}: {e}")),
+        }
     }
     let dups: Vec<_> = seen.iter().filter(|(_, c)| **c > 1).collect();
     if !dups.is_empty() {
         return Err(format!(
-            "{} ids duplicated (e.g. {:?}) among {} lines",
+            "{} ids duplicated (e.g. {:?}) among {} lines; {} torn lines",
             dups.len(),
             dups.iter().take(3).collect::<Vec<_>>(),
-            lines.len()
+            lines.len(),
+            torn.len()
         ));
+    }
+    if let Some(t) = torn.first() {
+        return Err(format!("{} torn lines, e.g. {t}", torn.len()));
     }
     if complete {
         let missing = (0..RECORDS).filter(|i| !seen.contains_key(i)).count();

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use onceflow_connectors::{CollectPending, CollectSink, CollectSinkWriter, MemorySource};
-use onceflow_operators::{Connect, Filter, KeyBy, KeyedCoProcessFunction, KeyedContext, Map};
+use onceflow_operators::{
+    Connect, Filter, KeyBy, KeyedCoProcessFunction, KeyedContext, Map, Rebalance,
+};
 use onceflow_runtime::{
     async_trait, CheckpointId, Error, JobConfig, Result, Sink, SinkFactory, StreamEnvironment,
     SubtaskInfo,
@@ -22,6 +24,7 @@ fn union_filter_aggregate() {
         .set_parallelism(2);
     let sink = CollectSink::<(u64, u64, u64)>::new();
     a.union(&b)
+        .rebalance(2)
         .filter(|x| x % 3 != 0)
         .map(|x| (x % 10, x))
         .key_by(|r: &(u64, u64)| r.0)

@@ -1,4 +1,4 @@
-//! Operators of onceflow: map, filter, flat_map, key_by, keyed reduce/aggregate/process and
+//! Operators of onceflow: map, filter, flat_map, rebalance, key_by, keyed reduce/aggregate/process and
 //! the two-input keyed co-process (connect). Each is an extension trait on
 //! [`onceflow_runtime::DataStream`] or a method of [`KeyedStream`], built on the runtime's
 //! [`onceflow_runtime::Operator`] hooks.
@@ -10,6 +10,7 @@ mod flat_map;
 mod key_by;
 mod map;
 mod process;
+mod rebalance;
 mod reduce;
 
 pub use connect::{Connect, ConnectedStreams, KeyedCoProcessFunction, KeyedConnectedStreams};
@@ -18,3 +19,4 @@ pub use flat_map::FlatMap;
 pub use key_by::{KeyBy, KeyedStream};
 pub use map::Map;
 pub use process::{KeyedContext, KeyedProcessFunction};
+pub use rebalance::Rebalance;

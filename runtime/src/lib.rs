@@ -9,6 +9,7 @@
 
 pub mod channel;
 pub mod checkpoint;
+mod cli;
 pub mod config;
 pub mod connector;
 pub mod element;
@@ -23,6 +24,7 @@ pub mod state;
 mod stream;
 mod task;
 
+pub use cli::JobArgs;
 pub use config::{CheckpointEvent, JobConfig, RestoreMode};
 pub use connector::{Sink, SinkFactory, Source, SourceFactory, SourcePoll, SubtaskInfo};
 pub use element::{Barrier, CheckpointId, Data, Key, StreamElement, TwoInputs, Watermark};

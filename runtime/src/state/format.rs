@@ -38,10 +38,18 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
     bincode::serde::encode_to_vec(value, bincode_config()).map_err(Error::serialization)
 }
 
+/// Largest allocation a decoded value may claim (guards against corrupt length prefixes).
+#[cfg(target_pointer_width = "64")]
+pub const DECODE_LIMIT: usize = 1 << 34;
+/// Largest allocation a decoded value may claim (guards against corrupt length prefixes).
+#[cfg(not(target_pointer_width = "64"))]
+pub const DECODE_LIMIT: usize = 1 << 30;
+
 /// Deserializes a serde value with bincode 2; trailing bytes are an error.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
-    let (v, used) = bincode::serde::decode_from_slice::<T, _>(bytes, bincode_config())
-        .map_err(Error::serialization)?;
+    let config = bincode_config().with_limit::<DECODE_LIMIT>();
+    let (v, used) =
+        bincode::serde::decode_from_slice::<T, _>(bytes, config).map_err(Error::serialization)?;
     if used != bytes.len() {
         return Err(Error::Serialization(format!(
             "{} trailing bytes after value",
@@ -128,5 +136,17 @@ mod tests {
             .to_string();
         assert!(e.contains("truncated"), "{e}");
         assert!(unframe(FrameKind::Metadata, &f, p).is_err());
+    }
+
+    #[test]
+    fn decode_rejects_absurd_lengths_and_trailing_bytes() {
+        // a Vec<u8> claiming u64::MAX elements
+        let mut bogus = vec![253u8];
+        bogus.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode::<Vec<u8>>(&bogus).is_err());
+        let mut ok = encode(&vec![1u8, 2, 3]).unwrap();
+        assert_eq!(decode::<Vec<u8>>(&ok).unwrap(), vec![1, 2, 3]);
+        ok.push(0);
+        assert!(decode::<Vec<u8>>(&ok).is_err());
     }
 }

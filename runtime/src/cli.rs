@@ -1,0 +1,100 @@
+//! Standard command-line flags of a job binary (`#[command(flatten)] job: JobArgs` in a clap
+//! parser), turned into a [`JobConfig`].
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::config::{JobConfig, RestoreMode};
+
+impl FromStr for RestoreMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(RestoreMode::None),
+            "latest" => Ok(RestoreMode::Latest),
+            id => id.parse().map(RestoreMode::Checkpoint).map_err(|_| {
+                format!("restore must be `none`, `latest` or a checkpoint id, not `{id}`")
+            }),
+        }
+    }
+}
+
+/// Flags every job binary understands.
+#[derive(Debug, Clone, clap::Args)]
+pub struct JobArgs {
+    /// Subtasks per operator.
+    #[arg(long, default_value_t = 1)]
+    pub parallelism: usize,
+    /// Number of key groups (keep it fixed over the life of a job).
+    #[arg(long, default_value_t = 128)]
+    pub max_parallelism: usize,
+    /// Directory of durable checkpoints (none: no recovery).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint interval in milliseconds (0: only the final checkpoint).
+    #[arg(long, default_value_t = 1000)]
+    pub checkpoint_interval_ms: u64,
+    /// Complete checkpoints to keep.
+    #[arg(long, default_value_t = 3)]
+    pub retained_checkpoints: usize,
+    /// Where to restore from: `latest`, `none` or a checkpoint id (default: latest when a
+    /// checkpoint directory is given).
+    #[arg(long)]
+    pub restore: Option<RestoreMode>,
+}
+
+impl JobArgs {
+    /// The configuration for a job called `name`; SIGTERM stops it with a final checkpoint.
+    pub fn to_config(&self, name: &str) -> JobConfig {
+        let mut c = JobConfig::new(name)
+            .parallelism(self.parallelism)
+            .max_parallelism(self.max_parallelism)
+            .retained_checkpoints(self.retained_checkpoints)
+            .stop_on_sigterm(true);
+        if self.checkpoint_interval_ms > 0 {
+            c = c.checkpoint_interval(Duration::from_millis(self.checkpoint_interval_ms));
+        }
+        if let Some(dir) = &self.checkpoint_dir {
+            c = c
+                .checkpoint_dir(dir)
+                .restore(self.restore.unwrap_or(RestoreMode::Latest));
+        } else if let Some(r) = self.restore {
+            c = c.restore(r);
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        job: JobArgs,
+    }
+
+    #[test]
+    fn flags_make_a_config() {
+        let cli = Cli::parse_from([
+            "job",
+            "--parallelism",
+            "3",
+            "--checkpoint-dir",
+            "/tmp/x",
+            "--checkpoint-interval-ms",
+            "250",
+        ]);
+        let c = cli.job.to_config("j");
+        assert_eq!(c.parallelism, 3);
+        assert_eq!(c.restore, RestoreMode::Latest);
+        assert_eq!(c.checkpoint_interval, Some(Duration::from_millis(250)));
+        assert!(Cli::try_parse_from(["job", "--restore", "maybe"]).is_err());
+        let cli = Cli::parse_from(["job", "--restore", "7", "--checkpoint-dir", "d"]);
+        assert_eq!(cli.job.to_config("j").restore, RestoreMode::Checkpoint(7));
+    }
+}
