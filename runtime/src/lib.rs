@@ -22,6 +22,7 @@ pub mod output;
 pub mod state;
 mod stream;
 mod task;
+pub mod watermark;
 
 pub use config::{CheckpointEvent, JobConfig, RestoreMode};
 pub use connector::{Sink, SinkFactory, Source, SourceFactory, SourcePoll, SubtaskInfo};
@@ -32,6 +33,9 @@ pub use graph::OperatorFactory;
 pub use operator::Operator;
 pub use output::Partitioning;
 pub use stream::{DataStream, StopHandle, StreamEnvironment};
+pub use watermark::{
+    BoundedOutOfOrderness, SourceWatermarks, WatermarkGenerator, WatermarkStrategy,
+};
 
 /// Re-exported for connector implementations.
 pub use async_trait::async_trait;
