@@ -179,6 +179,11 @@ impl SplitWatermarks {
         }
     }
 
+    /// Whether every known split is idle at `now` (false when no split is known).
+    pub fn all_idle(&self, now: Instant) -> bool {
+        !self.splits.is_empty() && self.splits.keys().all(|id| self.is_idle(*id, now))
+    }
+
     /// The combined watermark at `now`: the minimum over active splits (an active split
     /// without a watermark yet holds everything back), never below what was returned before.
     pub fn current(&mut self, now: Instant) -> Option<Watermark> {
@@ -240,6 +245,10 @@ impl<T: Send + 'static, S: Source<T>> Source<T> for WatermarkedSource<S, T> {
         }
     }
 
+    fn is_idle(&mut self) -> bool {
+        self.tracker.all_idle(Instant::now()) || self.inner.is_idle()
+    }
+
     fn checkpoint_complete(&mut self, checkpoint: CheckpointId) -> Result<()> {
         self.inner.checkpoint_complete(checkpoint)
     }
@@ -262,7 +271,6 @@ impl<T: Send + 'static, F: SourceFactory<T>> SourceFactory<T> for WatermarkedSou
         })
     }
 }
-
 
 /// Adds watermark generation to any source factory.
 pub trait SourceWatermarks<T>: SourceFactory<T> + Sized {
@@ -292,12 +300,9 @@ mod tests {
 
     #[test]
     fn splits_combine_by_minimum_and_idle_splits_stop_counting() {
-        let s = WatermarkStrategy::<(u32, i64)>::bounded_out_of_orderness(
-            Duration::ZERO,
-            |r| r.1,
-        )
-        .with_splits(|r| r.0)
-        .with_idleness(Duration::from_secs(5));
+        let s = WatermarkStrategy::<(u32, i64)>::bounded_out_of_orderness(Duration::ZERO, |r| r.1)
+            .with_splits(|r| r.0)
+            .with_idleness(Duration::from_secs(5));
         let mut t = s.tracker();
         let t0 = Instant::now();
         t.on_event(0, 100, t0);
@@ -321,6 +326,10 @@ mod tests {
         t.register_split(7, t0);
         t.on_event(0, 10, t0);
         assert_eq!(t.current(t0), None);
-        assert_eq!(t.current(t0 + Duration::from_secs(1)), Some(Watermark(9)));
+        let t1 = t0 + Duration::from_secs(1);
+        t.on_event(0, 10, t1);
+        assert_eq!(t.current(t1), Some(Watermark(9)));
+        assert!(!t.all_idle(t1));
+        assert!(t.all_idle(t1 + Duration::from_secs(1)));
     }
 }

@@ -82,7 +82,7 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
                 sink.write_batch(batch).await.map_err(|e| ctx.op_err(e))?;
                 ctx.metrics.busy(start.elapsed());
             }
-            GateEvent::Watermark(_) => {}
+            GateEvent::Watermark(_) | GateEvent::Idleness(_) => {}
             GateEvent::Barrier { barrier, alignment } => {
                 ctx.metrics.alignment.record(alignment.as_secs_f64());
                 let id = barrier.checkpoint_id;
