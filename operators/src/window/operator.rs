@@ -85,7 +85,13 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
             && w.max_timestamp().saturating_add(self.spec.allowed_lateness) <= self.wm()
     }
 
-    fn emit(&mut self, key: &K, w: &Window, acc: &F::Acc, out: &mut Vec<WindowOutput<K, F::Out, T>>) {
+    fn emit(
+        &mut self,
+        key: &K,
+        w: &Window,
+        acc: &F::Acc,
+        out: &mut Vec<WindowOutput<K, F::Out, T>>,
+    ) {
         self.f.emit(key, w, acc, &mut self.results);
         for value in self.results.drain(..) {
             out.push(WindowOutput::Result(WindowResult {
@@ -123,7 +129,10 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
 
     fn put_windows(&mut self, key: &K, windows: Windows<F::Acc>) -> Result<()> {
         let g = self.store.group_index(key)?;
-        let map = self.store.table::<Windows<F::Acc>>(WINDOW_STATE)?.group_mut(g);
+        let map = self
+            .store
+            .table::<Windows<F::Acc>>(WINDOW_STATE)?
+            .group_mut(g);
         if !windows.is_empty() {
             map.insert(key.clone(), windows);
         }
@@ -163,6 +172,8 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
             out.push(WindowOutput::Late(record));
             return Ok(());
         }
+        let absorbed_count = absorbed.len();
+        let windows_had_merged = windows.contains_key(&merged);
         let mut acc: Option<F::Acc> = None;
         for w in absorbed {
             if let Some(a) = windows.remove(&w) {
@@ -172,11 +183,15 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
                 });
             }
         }
+        let unchanged = absorbed_count == 1 && windows_had_merged;
         let acc = self.f.add(acc, record);
         if merged.max_timestamp() <= self.wm() {
             self.emit(key, &merged, &acc, out);
         }
-        self.schedule(key, &merged)?;
+        // a window that already existed has its timers
+        if !unchanged {
+            self.schedule(key, &merged)?;
+        }
         windows.insert(merged, acc);
         self.put_windows(key, windows)
     }
@@ -208,11 +223,16 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
                 record.clone()
             };
             let Some(r) = r else { break };
-            let acc = self.f.add(windows.remove(&w), r);
+            let existing = windows.remove(&w);
+            let is_new = existing.is_none();
+            let acc = self.f.add(existing, r);
             if w.max_timestamp() <= self.wm() {
                 self.emit(&key, &w, &acc, out);
             }
-            self.schedule(&key, &w)?;
+            // a window that already existed has its timers
+            if is_new {
+                self.schedule(&key, &w)?;
+            }
             windows.insert(w, acc);
         }
         self.put_windows(&key, windows)
@@ -270,9 +290,9 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> Operator<T, WindowOutput<K, F::Ou
             return Ok(None);
         }
         self.watermark = Some(wm.0);
-        while let Some((key, ts)) = self
-            .timers
-            .pop_due(&mut self.store, TimeDomain::EventTime, wm.0)?
+        while let Some((key, ts)) =
+            self.timers
+                .pop_due(&mut self.store, TimeDomain::EventTime, wm.0)?
         {
             self.on_timer(&key, ts, out)?;
         }
