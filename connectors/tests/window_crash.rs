@@ -16,8 +16,7 @@ use onceflow_connectors::{read_committed_lines, FileSink, Generator};
 use onceflow_operators::window::{AggregateFunction, WindowAssigner, WindowResult};
 use onceflow_operators::{KeyBy, Map};
 use onceflow_runtime::{
-    CheckpointEvent, JobConfig, RestoreMode, SourceWatermarks, StreamEnvironment,
-    WatermarkStrategy,
+    CheckpointEvent, JobConfig, RestoreMode, SourceWatermarks, StreamEnvironment, WatermarkStrategy,
 };
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -261,5 +260,8 @@ fn window_job_killed_mid_window_matches_an_uninterrupted_run() {
     );
     let got = sorted_output(dir.path());
     assert_eq!(got.len(), golden.len(), "number of window results");
-    assert!(got == golden, "output after {kills} kills differs from the golden run");
+    assert!(
+        got == golden,
+        "output after {kills} kills differs from the golden run"
+    );
 }

@@ -96,9 +96,8 @@ fn oracle(events: &[Ev], a: WindowAssigner, lateness: i64) -> (Vec<Firing>, Vec<
     let mut fired = Vec::new();
     let mut late = Vec::new();
     let mut wm: Option<i64> = None;
-    let is_late = |w: &Window, wm: Option<i64>| {
-        wm.is_some_and(|wm| max_ts(w).saturating_add(lateness) <= wm)
-    };
+    let is_late =
+        |w: &Window, wm: Option<i64>| wm.is_some_and(|wm| max_ts(w).saturating_add(lateness) <= wm);
     if let WindowAssigner::Session { gap } = a {
         let mut live: BTreeMap<u8, Vec<(i64, u32)>> = BTreeMap::new();
         for ev in events {
@@ -109,9 +108,7 @@ fn oracle(events: &[Ev], a: WindowAssigner, lateness: i64) -> (Vec<Firing>, Vec<
                         start: ts,
                         end: ts + gap,
                     };
-                    let overlaps = sessions(recs, gap)
-                        .iter()
-                        .any(|(w, _)| w.intersects(&own));
+                    let overlaps = sessions(recs, gap).iter().any(|(w, _)| w.intersects(&own));
                     if !overlaps && is_late(&own, wm) {
                         late.push((k, ts, v));
                         continue;

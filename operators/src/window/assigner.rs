@@ -95,7 +95,9 @@ impl WindowAssigner {
         if ok {
             Ok(())
         } else {
-            Err(Error::InvalidJob(format!("invalid window assigner {self:?}")))
+            Err(Error::InvalidJob(format!(
+                "invalid window assigner {self:?}"
+            )))
         }
     }
 

@@ -90,12 +90,19 @@ impl<K: Key, T: Data> WindowedStream<K, T> {
     }
 
     /// Any [`WindowFunction`].
-    pub fn apply<F: WindowFunction<K, T>>(&self, name: &str, f: F) -> WindowedResults<K, F::Out, T> {
+    pub fn apply<F: WindowFunction<K, T>>(
+        &self,
+        name: &str,
+        f: F,
+    ) -> WindowedResults<K, F::Out, T> {
         let spec = self.spec.clone();
         let f = Arc::new(f);
-        let stream = self.keyed.stream.add_operator(name, self.keyed.partitioning(), move |info| {
-            WindowOperator::new(spec.clone(), f.clone(), info)
-        });
+        let stream = self
+            .keyed
+            .stream
+            .add_operator(name, self.keyed.partitioning(), move |info| {
+                WindowOperator::new(spec.clone(), f.clone(), info)
+            });
         WindowedResults { stream }
     }
 
