@@ -236,11 +236,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             .and_then(|p| serde_json::from_slice::<Click>(p).ok());
         Input {
             partition: m.partition,
-            ts: click
-                .as_ref()
-                .map(|c| c.ts)
-                .or(m.timestamp_ms)
-                .unwrap_or(0),
+            ts: click.as_ref().map(|c| c.ts).or(m.timestamp_ms).unwrap_or(0),
             click,
         }
     });
@@ -253,9 +249,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let source = KafkaSource::new(brokers.clone(), args.input.clone(), decoder)
         .group(args.group.clone())
         .with_watermarks(strategy);
-    let clicks = env
-        .source("clicks", source)
-        .flat_map(|i: Input| i.click);
+    let clicks = env.source("clicks", source).flat_map(|i: Input| i.click);
     let by_user = clicks.key_by(|c: &Click| c.user.clone());
     let lateness = Duration::from_millis(args.allowed_lateness_ms);
     let minutes = by_user

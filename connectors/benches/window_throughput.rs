@@ -118,12 +118,18 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2_000_000);
     let cases = [
-        ("tumbling 1 s", WindowAssigner::tumbling(Duration::from_secs(1))),
+        (
+            "tumbling 1 s",
+            WindowAssigner::tumbling(Duration::from_secs(1)),
+        ),
         (
             "sliding 10 s / 1 s",
             WindowAssigner::sliding(Duration::from_secs(10), Duration::from_secs(1)),
         ),
-        ("session gap 1 s", WindowAssigner::session(Duration::from_secs(1))),
+        (
+            "session gap 1 s",
+            WindowAssigner::session(Duration::from_secs(1)),
+        ),
     ];
     println!("windowed count+sum per key, {KEYS} keys, {records} records per run, median of 3");
     println!();

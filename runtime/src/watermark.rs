@@ -60,12 +60,13 @@ impl WatermarkGenerator for BoundedOutOfOrderness {
 }
 
 type GeneratorFactory = Arc<dyn Fn() -> Box<dyn WatermarkGenerator> + Send + Sync>;
+type SplitFn<T> = Arc<dyn Fn(&T) -> u32 + Send + Sync>;
 
 /// How a source assigns timestamps and generates watermarks.
 pub struct WatermarkStrategy<T> {
     timestamp: Arc<dyn Fn(&T) -> i64 + Send + Sync>,
     generator: GeneratorFactory,
-    split: Option<Arc<dyn Fn(&T) -> u32 + Send + Sync>>,
+    split: Option<SplitFn<T>>,
     idle_timeout: Option<Duration>,
 }
 
