@@ -198,6 +198,12 @@ fn run(args: Args) -> anyhow::Result<()> {
                 args.input,
                 dir.display()
             ));
+            let topics = [
+                args.input.clone(),
+                args.output.clone(),
+                format!("{}.late", args.output),
+            ];
+            helper_rt.block_on(demo::create_topics(&b, &topics))?;
             demo::spawn_generator(
                 b.clone(),
                 args.input.clone(),
@@ -318,6 +324,25 @@ mod demo {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::Message;
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    /// Creates the demo's topics (4 partitions each) so the source finds its input at once.
+    pub async fn create_topics(brokers: &str, topics: &[String]) -> anyhow::Result<()> {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        use rdkafka::client::DefaultClientContext;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()?;
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|t| NewTopic::new(t, 4, TopicReplication::Fixed(1)))
+            .collect();
+        for r in admin.create_topics(&new, &AdminOptions::new()).await? {
+            if let Err((topic, e)) = r {
+                anyhow::bail!("cannot create topic {topic}: {e}");
+            }
+        }
+        Ok(())
+    }
 
     /// Writes `rate` events per second until `stop`: 40 users, each active in bursts (so
     /// sessions close), event time 20 ms apart per event (20x the wall clock at 1000/s) and
