@@ -58,6 +58,10 @@ pub struct WindowOperator<K, T, F: WindowFunction<K, T>> {
     timers: TimerService<K>,
     watermark: Option<i64>,
     results: Vec<F::Out>,
+    /// `onceflow_window_firings_total`: results emitted.
+    firings: metrics::Counter,
+    /// `onceflow_window_late_records_total`: records sent to the late side output.
+    late: metrics::Counter,
 }
 
 type Windows<A> = BTreeMap<Window, A>;
@@ -66,7 +70,13 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
     /// Subtask `info.index` of a window operator.
     pub fn new(spec: WindowSpec<K, T>, f: Arc<F>, info: &SubtaskInfo) -> Result<Self> {
         spec.assigner.validate()?;
+        let labels = [
+            ("operator", info.operator.clone()),
+            ("subtask", info.index.to_string()),
+        ];
         Ok(WindowOperator {
+            firings: metrics::counter!("onceflow_window_firings_total", &labels),
+            late: metrics::counter!("onceflow_window_late_records_total", &labels),
             spec,
             f,
             store: store_for(info),
@@ -93,6 +103,7 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
         out: &mut Vec<WindowOutput<K, F::Out, T>>,
     ) {
         self.f.emit(key, w, acc, &mut self.results);
+        self.firings.increment(1);
         for value in self.results.drain(..) {
             out.push(WindowOutput::Result(WindowResult {
                 key: key.clone(),
@@ -147,6 +158,7 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
         out: &mut Vec<WindowOutput<K, F::Out, T>>,
     ) -> Result<()> {
         let Some(own) = self.spec.assigner.assign(ts).into_iter().next() else {
+            self.late.increment(1);
             out.push(WindowOutput::Late(record));
             return Ok(());
         };
@@ -169,6 +181,7 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
             .collect();
         if absorbed.is_empty() && self.is_late(&own) {
             self.put_windows(key, windows)?;
+            self.late.increment(1);
             out.push(WindowOutput::Late(record));
             return Ok(());
         }
@@ -210,6 +223,7 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
             .filter(|w| !self.is_late(w))
             .collect();
         if assigned.is_empty() {
+            self.late.increment(1);
             out.push(WindowOutput::Late(record));
             return Ok(());
         }
