@@ -48,6 +48,7 @@ impl<T: Send, In: Send> InputReceiver<In> for MappedReceiver<T, In> {
                 }
                 StreamElement::Watermark(w) => StreamElement::Watermark(w),
                 StreamElement::Barrier(b) => StreamElement::Barrier(b),
+                StreamElement::Idleness(i) => StreamElement::Idleness(i),
                 StreamElement::EndOfStream => StreamElement::EndOfStream,
             })
         })
@@ -61,6 +62,8 @@ pub enum GateEvent<In> {
     Records(Vec<In>),
     /// The minimum watermark over all open inputs advanced.
     Watermark(Watermark),
+    /// (event time) Every open input became idle (`true`) or one is active again (`false`).
+    Idleness(bool),
     /// Every input delivered this barrier; `alignment` is the time spent waiting.
     Barrier {
         /// The aligned barrier.
@@ -77,6 +80,8 @@ struct Input<In> {
     blocked: bool,
     ended: bool,
     watermark: Option<Watermark>,
+    /// (event time) The input declared its watermark idle.
+    idle: bool,
 }
 
 struct Aligning {
@@ -91,6 +96,8 @@ pub struct InputGate<In> {
     next: usize,
     aligning: Option<Aligning>,
     emitted_watermark: Option<Watermark>,
+    /// (event time) Idleness last reported downstream.
+    emitted_idle: bool,
     finished: bool,
 }
 
@@ -105,11 +112,13 @@ impl<In: Send> InputGate<In> {
                     blocked: false,
                     ended: false,
                     watermark: None,
+                    idle: false,
                 })
                 .collect(),
             next: 0,
             aligning: None,
             emitted_watermark: None,
+            emitted_idle: false,
             finished: false,
         }
     }
@@ -140,7 +149,8 @@ impl<In: Send> InputGate<In> {
 
     fn min_watermark(&self) -> Option<Watermark> {
         let mut min: Option<Watermark> = None;
-        for i in self.inputs.iter().filter(|i| !i.ended) {
+        // (event time) idle inputs do not hold the minimum back
+        for i in self.inputs.iter().filter(|i| !i.ended && !i.idle) {
             match i.watermark {
                 None => return None,
                 Some(w) => min = Some(min.map_or(w, |m| m.min(w))),
@@ -174,6 +184,17 @@ impl<In: Send> InputGate<In> {
         Some(GateEvent::Watermark(w))
     }
 
+    /// (event time) Reports a change of "every open input is idle".
+    fn idleness_event(&mut self) -> Option<GateEvent<In>> {
+        let open = self.inputs.iter().filter(|i| !i.ended);
+        let all_idle = open.clone().count() > 0 && open.clone().all(|i| i.idle);
+        if all_idle == self.emitted_idle {
+            return None;
+        }
+        self.emitted_idle = all_idle;
+        Some(GateEvent::Idleness(all_idle))
+    }
+
     /// Polls the inputs round-robin, skipping blocked and ended ones.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<GateEvent<In>>> {
         if self.finished {
@@ -200,6 +221,22 @@ impl<In: Send> InputGate<In> {
                     Poll::Ready(Some(StreamElement::Watermark(w))) => {
                         input.watermark = Some(input.watermark.map_or(w, |o| o.max(w)));
                         if let Some(ev) = self.watermark_event() {
+                            return Poll::Ready(Ok(ev));
+                        }
+                        continue 'scan;
+                    }
+                    Poll::Ready(Some(StreamElement::Idleness(idle))) => {
+                        input.idle = idle;
+                        // active again: say so before any watermark; idle: after it
+                        if !idle {
+                            if let Some(ev) = self.idleness_event() {
+                                return Poll::Ready(Ok(ev));
+                            }
+                        }
+                        if let Some(ev) = self.watermark_event() {
+                            return Poll::Ready(Ok(ev));
+                        }
+                        if let Some(ev) = self.idleness_event() {
                             return Poll::Ready(Ok(ev));
                         }
                         continue 'scan;
@@ -236,6 +273,9 @@ impl<In: Send> InputGate<In> {
                             ))));
                         }
                         if let Some(ev) = self.watermark_event() {
+                            return Poll::Ready(Ok(ev));
+                        }
+                        if let Some(ev) = self.idleness_event() {
                             return Poll::Ready(Ok(ev));
                         }
                         continue 'scan;
@@ -332,5 +372,53 @@ mod tests {
         ));
         tx0.send(StreamElement::EndOfStream).await.unwrap();
         assert!(matches!(gate.next().await.unwrap(), GateEvent::End));
+    }
+
+    /// (event time) An idle input leaves the minimum; once all are idle the gate says so.
+    #[tokio::test]
+    async fn idle_inputs_do_not_hold_the_watermark_back() {
+        let (tx0, rx0) = mpsc::channel(16);
+        let (tx1, rx1) = mpsc::channel(16);
+        let mut gate = InputGate::new(vec![
+            Box::new(DirectReceiver(rx0)) as Box<dyn InputReceiver<u32>>,
+            Box::new(DirectReceiver(rx1)),
+        ]);
+        tx0.send(StreamElement::Watermark(Watermark(50)))
+            .await
+            .unwrap();
+        tx1.send(StreamElement::Watermark(Watermark(5)))
+            .await
+            .unwrap();
+        assert!(matches!(
+            gate.next().await.unwrap(),
+            GateEvent::Watermark(Watermark(5))
+        ));
+        tx1.send(StreamElement::Idleness(true)).await.unwrap();
+        assert!(matches!(
+            gate.next().await.unwrap(),
+            GateEvent::Watermark(Watermark(50))
+        ));
+        tx0.send(StreamElement::Idleness(true)).await.unwrap();
+        assert!(matches!(
+            gate.next().await.unwrap(),
+            GateEvent::Idleness(true)
+        ));
+        tx1.send(StreamElement::Idleness(false)).await.unwrap();
+        assert!(matches!(
+            gate.next().await.unwrap(),
+            GateEvent::Idleness(false)
+        ));
+        // input 1 is behind (5): the watermark does not go back, and waits for it
+        tx0.send(StreamElement::Idleness(false)).await.unwrap();
+        tx0.send(StreamElement::Watermark(Watermark(80)))
+            .await
+            .unwrap();
+        tx1.send(StreamElement::Watermark(Watermark(60)))
+            .await
+            .unwrap();
+        assert!(matches!(
+            gate.next().await.unwrap(),
+            GateEvent::Watermark(Watermark(60))
+        ));
     }
 }

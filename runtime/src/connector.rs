@@ -66,6 +66,12 @@ pub trait Source<T>: Send + 'static {
         None
     }
 
+    /// (event time) Whether every split of this subtask is idle, so downstream operators
+    /// should leave it out of their watermark minimum. `false` by default.
+    fn is_idle(&mut self) -> bool {
+        false
+    }
+
     /// Checkpoint `checkpoint` is complete (e.g. to commit offsets externally). No-op by default.
     fn checkpoint_complete(&mut self, _checkpoint: CheckpointId) -> Result<()> {
         Ok(())

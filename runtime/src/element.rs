@@ -39,6 +39,9 @@ pub enum StreamElement<T> {
     Watermark(Watermark),
     /// A checkpoint barrier.
     Barrier(Barrier),
+    /// (event time) The producer's watermark is idle (`true`: it has no active input, leave
+    /// it out of the minimum) or active again (`false`).
+    Idleness(bool),
     /// The producer finished; nothing follows.
     EndOfStream,
 }

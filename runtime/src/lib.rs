@@ -23,6 +23,7 @@ pub mod output;
 pub mod state;
 mod stream;
 mod task;
+pub mod watermark;
 
 pub use cli::JobArgs;
 pub use config::{CheckpointEvent, JobConfig, RestoreMode};
@@ -34,6 +35,9 @@ pub use graph::OperatorFactory;
 pub use operator::Operator;
 pub use output::Partitioning;
 pub use stream::{DataStream, StopHandle, StreamEnvironment};
+pub use watermark::{
+    BoundedOutOfOrderness, SourceWatermarks, WatermarkGenerator, WatermarkStrategy,
+};
 
 /// Re-exported for connector implementations.
 pub use async_trait::async_trait;

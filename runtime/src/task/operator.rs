@@ -74,6 +74,10 @@ pub(crate) async fn run_operator<In: Data, Out: Data, Op: Operator<In, Out>>(
                     output.broadcast(|| StreamElement::Watermark(fw)).await?;
                 }
             }
+            // (event time) forward idleness so downstream minimums skip this subtask
+            GateEvent::Idleness(idle) => {
+                output.broadcast(|| StreamElement::Idleness(idle)).await?;
+            }
             GateEvent::Barrier { barrier, alignment } => {
                 ctx.metrics.alignment.record(alignment.as_secs_f64());
                 let id = barrier.checkpoint_id;

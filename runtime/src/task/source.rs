@@ -25,6 +25,7 @@ pub(crate) async fn run_source<T: Data, S: Source<T>>(
     let mut progress = ctx.services.progress.clone();
     let mut committed = progress.borrow().completed;
     let mut last_watermark = None;
+    let mut idle = false;
     loop {
         let ctrl =
             match next_ctrl.take() {
@@ -66,11 +67,21 @@ pub(crate) async fn run_source<T: Data, S: Source<T>>(
             .map_err(|e| ctx.op_err(e))?;
         ctx.metrics.busy(start.elapsed());
         output.emit_all(&mut buf).await?;
+        // (event time) idleness: active again before the watermark, idle after it
+        let now_idle = source.is_idle();
+        if idle && !now_idle {
+            idle = false;
+            output.broadcast(|| StreamElement::Idleness(false)).await?;
+        }
         if let Some(w) = source.current_watermark() {
             if last_watermark.is_none_or(|l| w > l) {
                 last_watermark = Some(w);
                 output.broadcast(|| StreamElement::Watermark(w)).await?;
             }
+        }
+        if now_idle && !idle && !matches!(status, SourcePoll::Exhausted) {
+            idle = true;
+            output.broadcast(|| StreamElement::Idleness(true)).await?;
         }
         match status {
             SourcePoll::Ready => {}
@@ -84,6 +95,10 @@ pub(crate) async fn run_source<T: Data, S: Source<T>>(
                 }
             }
             SourcePoll::Exhausted => {
+                if idle {
+                    idle = false;
+                    output.broadcast(|| StreamElement::Idleness(false)).await?;
+                }
                 // end of input: an event-time source releases everything downstream
                 if last_watermark.is_some_and(|l| l < Watermark(i64::MAX)) {
                     last_watermark = Some(Watermark(i64::MAX));

@@ -1,0 +1,267 @@
+//! Windows stay exact through crashes: an event-time job (generator with per-split
+//! watermarks -> 1 s tumbling count/sum per key and 2 s-gap sessions per user -> exactly-once
+//! file sink) runs as a child process (this test binary re-executed with
+//! `window_crash_child_job`), is SIGKILLed at random moments (at least 10 times: at random
+//! times, while a checkpoint is in flight, right after one completed) in the middle of open
+//! windows, and restarted with restore = latest. Its committed output must be identical to
+//! that of an uninterrupted run of the same job.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use onceflow_connectors::{read_committed_lines, FileSink, Generator};
+use onceflow_operators::window::{AggregateFunction, WindowAssigner, WindowResult};
+use onceflow_operators::{KeyBy, Map};
+use onceflow_runtime::{
+    CheckpointEvent, JobConfig, RestoreMode, SourceWatermarks, StreamEnvironment, WatermarkStrategy,
+};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+const RECORDS: u64 = 60_000;
+const KEYS: u64 = 13;
+const RATE: f64 = 10_000.0;
+const SPLITS: u32 = 8;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Event {
+    id: u64,
+    key: u64,
+    user: u64,
+    ts: i64,
+    amount: i64,
+}
+
+/// Event `i`: 10 ms apart in event time, up to 490 ms out of order; users are active in
+/// bursts (300 events, i.e. 3 s) so their sessions close.
+fn event(i: u64) -> Event {
+    let jitter = (i.wrapping_mul(7919) % 50) as i64 * 10;
+    Event {
+        id: i,
+        key: i % KEYS,
+        user: (i / 300) % 5,
+        ts: i as i64 * 10 - jitter,
+        amount: (i.wrapping_mul(31) % 97) as i64 - 40,
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+struct Out {
+    kind: String,
+    key: u64,
+    start: i64,
+    end: i64,
+    count: u64,
+    sum: i64,
+}
+
+struct CountSum;
+
+impl AggregateFunction<Event> for CountSum {
+    type Acc = (u64, i64);
+    type Out = (u64, i64);
+    fn create(&self) -> (u64, i64) {
+        (0, 0)
+    }
+    fn add(&self, acc: &mut (u64, i64), e: Event) {
+        acc.0 += 1;
+        acc.1 += e.amount;
+    }
+    fn merge(&self, a: (u64, i64), b: (u64, i64)) -> (u64, i64) {
+        (a.0 + b.0, a.1 + b.1)
+    }
+    fn result(&self, acc: &(u64, i64)) -> (u64, i64) {
+        *acc
+    }
+}
+
+fn out(kind: &str) -> impl Fn(WindowResult<u64, (u64, i64)>) -> Out + Send + Sync + 'static {
+    let kind = kind.to_string();
+    move |r| Out {
+        kind: kind.clone(),
+        key: r.key,
+        start: r.window.start,
+        end: r.window.end,
+        count: r.value.0,
+        sum: r.value.1,
+    }
+}
+
+/// The job, run inside the child process.
+#[test]
+fn window_crash_child_job() {
+    let Ok(dir) = std::env::var("ONCEFLOW_WINDOW_CRASH_DIR") else {
+        return; // only meaningful when spawned by the crash test
+    };
+    let dir = Path::new(&dir);
+    let config = JobConfig::new("window-crash")
+        .parallelism(2)
+        .checkpoint_interval(Duration::from_millis(100))
+        .checkpoint_dir(dir.join("checkpoints"))
+        .retained_checkpoints(2)
+        .restore(RestoreMode::Latest)
+        .checkpoint_listener(|ev| match ev {
+            CheckpointEvent::Triggered(n) => println!("EVENT triggered {n}"),
+            CheckpointEvent::Completed(n) => println!("EVENT completed {n}"),
+            CheckpointEvent::Failed(n) => println!("EVENT failed {n}"),
+        });
+    let env = StreamEnvironment::new(config);
+    let strategy =
+        WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(1000), |e: &Event| e.ts)
+            .with_splits(|e: &Event| (e.id % u64::from(SPLITS)) as u32);
+    let events = env.source(
+        "events",
+        Generator::new(RECORDS, event)
+            .splits(SPLITS)
+            .rate_per_second(RATE)
+            .with_watermarks(strategy),
+    );
+    let per_key = events
+        .key_by(|e: &Event| e.key)
+        .window(WindowAssigner::tumbling(Duration::from_secs(1)), |e| e.ts)
+        .aggregate("per-key-1s", CountSum)
+        .results()
+        .map(out("tumbling"));
+    let sessions = events
+        .key_by(|e: &Event| e.user)
+        .window(WindowAssigner::session(Duration::from_secs(2)), |e| e.ts)
+        .aggregate("sessions", CountSum)
+        .results()
+        .map(out("session"));
+    per_key
+        .union(&sessions)
+        .sink("out", FileSink::new(dir.join("out")));
+    let r = env.execute_blocking().expect("job failed");
+    println!(
+        "EVENT done restored_from={:?} completed={} failed={}",
+        r.restored_from, r.completed_checkpoints, r.failed_checkpoints
+    );
+}
+
+fn spawn_child(dir: &Path) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(std::env::current_exe().expect("test binary path"))
+        .args([
+            "window_crash_child_job",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("ONCEFLOW_WINDOW_CRASH_DIR", dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn child job");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(ev) = line.strip_prefix("EVENT ") {
+                if tx.send(ev.to_string()).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Waits for an event starting with `prefix`; `None` if the child ended or time ran out.
+fn next_event(rx: &mpsc::Receiver<String>, prefix: &str, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(ev) if ev.starts_with(prefix) => return Some(ev),
+            Ok(ev) if ev.starts_with("done") => return None,
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Runs the job to completion in `dir` and returns the final run's `done` line.
+fn run_to_completion(dir: &Path) -> String {
+    let (mut child, rx) = spawn_child(dir);
+    let done = next_event(&rx, "done", Duration::from_secs(90)).expect("run did not finish");
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "run failed: {status}");
+    done
+}
+
+fn sorted_output(dir: &Path) -> Vec<Out> {
+    let mut v: Vec<Out> = read_committed_lines(&dir.join("out"))
+        .expect("committed output")
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("output line"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn window_job_killed_mid_window_matches_an_uninterrupted_run() {
+    let golden_dir = tempfile::tempdir().expect("tempdir");
+    run_to_completion(golden_dir.path());
+    let golden = sorted_output(golden_dir.path());
+    // sanity of the golden run itself: every event counted once per window type
+    let total = |kind: &str| -> u64 {
+        golden
+            .iter()
+            .filter(|o| o.kind == kind)
+            .map(|o| o.count)
+            .sum()
+    };
+    assert_eq!(total("tumbling"), RECORDS);
+    assert_eq!(total("session"), RECORDS);
+    assert!(golden.iter().any(|o| o.kind == "session" && o.count > 250));
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut rng = rand::rng();
+    let kills = 12;
+    for k in 0..kills {
+        let (mut child, rx) = spawn_child(dir.path());
+        let alive = match k % 3 {
+            0 => {
+                std::thread::sleep(Duration::from_millis(rng.random_range(50..700)));
+                true
+            }
+            1 => {
+                let mut ok = true;
+                for _ in 0..=rng.random_range(0..3) {
+                    ok = ok && next_event(&rx, "triggered", Duration::from_secs(10)).is_some();
+                }
+                std::thread::sleep(Duration::from_micros(rng.random_range(0..3000)));
+                ok
+            }
+            _ => {
+                let mut ok = true;
+                for _ in 0..=rng.random_range(0..3) {
+                    ok = ok && next_event(&rx, "completed", Duration::from_secs(10)).is_some();
+                }
+                ok
+            }
+        };
+        if !alive || child.try_wait().expect("try_wait").is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the job finished before {kills} kills (only {k})");
+        }
+        child.kill().expect("SIGKILL child");
+        let _ = child.wait();
+    }
+    let done = run_to_completion(dir.path());
+    assert!(
+        done.contains("restored_from=Some("),
+        "the final run must restore from a checkpoint: {done}"
+    );
+    let got = sorted_output(dir.path());
+    assert_eq!(got.len(), golden.len(), "number of window results");
+    assert!(
+        got == golden,
+        "output after {kills} kills differs from the golden run"
+    );
+}
