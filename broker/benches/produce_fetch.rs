@@ -4,7 +4,9 @@
 //! markdown table.
 //!
 //! `cargo bench -p onceflow-broker --bench produce_fetch` (full) or add `-- --quick`
-//! (or set `ONCEFLOW_BENCH_QUICK=1`) for a short run.
+//! (or set `ONCEFLOW_BENCH_QUICK=1`) for a short run. `ONCEFLOW_BENCH_TARGETS=mock,never`
+//! keeps only the targets whose name contains one of the comma-separated words (the mock
+//! cluster is always kept, so ratios stay in the same run).
 //!
 //! Produce: an idempotent producer (acks=all, linger.ms=5, no compression) sends N records
 //! over 4 partitions; the clock runs from the first send to the last delivery report.
@@ -278,12 +280,22 @@ fn machine_summary() -> String {
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick")
         || std::env::var("ONCEFLOW_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-    let targets = [
+    let only = std::env::var("ONCEFLOW_BENCH_TARGETS").unwrap_or_default();
+    let targets: Vec<&'static str> = [
         "onceflow in-memory",
         "onceflow durable, fsync every-batch",
         "onceflow durable, fsync never",
         "librdkafka MockCluster",
-    ];
+    ]
+    .into_iter()
+    .filter(|t| {
+        only.is_empty()
+            || t.contains("MockCluster")
+            || only
+                .split(',')
+                .any(|w| !w.is_empty() && t.contains(w.trim()))
+    })
+    .collect();
     // (value bytes, records produced, records fetched per partition). The fetch window is the
     // same for every target and small enough that the mock cluster (which keeps only the last
     // ~5 MB of each partition) still holds it.
