@@ -4,7 +4,9 @@
 //! markdown table.
 //!
 //! `cargo bench -p onceflow-broker --bench produce_fetch` (full) or add `-- --quick`
-//! (or set `ONCEFLOW_BENCH_QUICK=1`) for a short run.
+//! (or set `ONCEFLOW_BENCH_QUICK=1`) for a short run. `ONCEFLOW_BENCH_TARGETS=mock,never`
+//! keeps only the targets whose name contains one of the comma-separated words (the mock
+//! cluster is always kept, so ratios stay in the same run).
 //!
 //! Produce: an idempotent producer (acks=all, linger.ms=5, no compression) sends N records
 //! over 4 partitions; the clock runs from the first send to the last delivery report.
@@ -12,7 +14,9 @@
 //! every partition up to the high watermark; the clock runs from assign to the last record.
 //! The window is small enough that librdkafka's mock cluster, which keeps only the last ~5 MB
 //! of each partition, still holds it. Each figure is the median of 5 runs (1 with --quick),
-//! each on a fresh topic of the same server. MB/s counts value bytes only.
+//! each on a fresh topic of the same server; the runs go round-robin over the targets (all
+//! started up front), so changes in the machine's load spread over all of them. MB/s counts
+//! value bytes only.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -278,12 +282,22 @@ fn machine_summary() -> String {
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick")
         || std::env::var("ONCEFLOW_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-    let targets = [
+    let only = std::env::var("ONCEFLOW_BENCH_TARGETS").unwrap_or_default();
+    let targets: Vec<&'static str> = [
         "onceflow in-memory",
         "onceflow durable, fsync every-batch",
         "onceflow durable, fsync never",
         "librdkafka MockCluster",
-    ];
+    ]
+    .into_iter()
+    .filter(|t| {
+        only.is_empty()
+            || t.contains("MockCluster")
+            || only
+                .split(',')
+                .any(|w| !w.is_empty() && t.contains(w.trim()))
+    })
+    .collect();
     // (value bytes, records produced, records fetched per partition). The fetch window is the
     // same for every target and small enough that the mock cluster (which keeps only the last
     // ~5 MB of each partition) still holds it.
@@ -307,15 +321,22 @@ fn main() -> Result<()> {
     println!();
     let mut rows = Vec::new();
     for (value_len, count, window) in sizes {
-        for (t, target) in targets.iter().enumerate() {
-            let first_topic = format!("bench-{value_len}-{t}-0");
-            let server = start_target(target, &first_topic)?;
-            let bootstrap = server.bootstrap();
-            let (mut produce_rates, mut fetch_rates, mut fetched) = (Vec::new(), Vec::new(), 0);
-            for rep in 0..reps {
+        // All targets stay up and the repetitions go round-robin over them, so a change in
+        // the machine's load during the run hits every target alike.
+        let servers = targets
+            .iter()
+            .enumerate()
+            .map(|(t, target)| start_target(target, &format!("bench-{value_len}-{t}-0")))
+            .collect::<Result<Vec<_>>>()?;
+        let mut produce_rates = vec![Vec::new(); targets.len()];
+        let mut fetch_rates = vec![Vec::new(); targets.len()];
+        let mut fetched = vec![0; targets.len()];
+        for rep in 0..reps {
+            for (t, (target, server)) in targets.iter().zip(&servers).enumerate() {
+                let bootstrap = server.bootstrap();
                 let topic = format!("bench-{value_len}-{t}-{rep}");
                 // start_target made the first topic; the mock does not auto-create the rest.
-                if let (Target::Mock(mock), true) = (&server, rep > 0) {
+                if let (Target::Mock(mock), true) = (server, rep > 0) {
                     mock.create_topic(&topic, PARTITIONS, 1)
                         .map_err(|e| anyhow!("mock create_topic: {e}"))?;
                 }
@@ -324,20 +345,22 @@ fn main() -> Result<()> {
                 let (n, fetch_time) = fetch(&bootstrap, &topic, window)
                     .with_context(|| format!("{target}: fetch"))?;
                 eprintln!("{target} {value_len} B #{rep}: produce {count} in {produce_time:?}, fetch {n} in {fetch_time:?}");
-                produce_rates.push(rate(count as f64, produce_time));
-                fetch_rates.push(rate(n as f64, fetch_time));
-                fetched = n;
+                produce_rates[t].push(rate(count as f64, produce_time));
+                fetch_rates[t].push(rate(n as f64, fetch_time));
+                fetched[t] = n;
             }
+        }
+        for (t, target) in targets.iter().enumerate() {
             rows.push(Row {
                 target,
                 value_len,
                 produced: count,
-                produce_rate: median(produce_rates),
-                fetched,
-                fetch_rate: median(fetch_rates),
+                produce_rate: median(std::mem::take(&mut produce_rates[t])),
+                fetched: fetched[t],
+                fetch_rate: median(std::mem::take(&mut fetch_rates[t])),
             });
-            drop(server);
         }
+        drop(servers);
     }
 
     println!("| target | record value | produced | produce records/s | produce MB/s | fetched | fetch records/s | fetch MB/s |");

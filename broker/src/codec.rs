@@ -13,6 +13,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 /// Smallest request: api key (2) + api version (2) + correlation id (4) + client id length (2).
 pub const MIN_REQUEST_BYTES: usize = 10;
 
+/// Buffer reserved up front for a frame (less if the frame announces less).
+const INITIAL_FRAME_BUFFER: usize = 1024 * 1024;
+
 /// Why a frame or header could not be handled; every variant closes the connection.
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
@@ -88,10 +91,12 @@ pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, max: usize) -> Res
             max,
         });
     };
-    let mut buf = BytesMut::with_capacity(want.min(64 * 1024));
+    // Typical frames (produce requests up to ~1 MiB) get their whole buffer at once, so the
+    // bytes are never moved by a regrowth; larger announced sizes grow as the bytes arrive.
+    let mut buf = BytesMut::with_capacity(want.min(INITIAL_FRAME_BUFFER));
     while buf.len() < want {
         if buf.capacity() == buf.len() {
-            buf.reserve((want - buf.len()).min(buf.len().max(64 * 1024)));
+            buf.reserve((want - buf.len()).min(buf.len().max(INITIAL_FRAME_BUFFER)));
         }
         let room = want - buf.len();
         let n = (&mut *reader).take(room as u64).read_buf(&mut buf).await?;

@@ -1,15 +1,21 @@
 //! The network side: [`start`] binds the listener and runs one task per connection; each
 //! connection answers its requests strictly in order (a reader task keeps decoding frames
 //! while a request is handled, so pipelined requests do not wait for the socket).
+//!
+//! Requests of a connection are handled one after the other, except that a handler may call
+//! [`release_request_order`] once everything that orders it before the next request is done
+//! (Produce: its appends are written, only their fsync is outstanding); the next request then
+//! starts while it finishes. Responses are still written in request order.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -31,6 +37,36 @@ const PIPELINE_DEPTH: usize = 64;
 /// Bytes of frames read ahead per connection (one larger frame may be read alone), so a
 /// pipelining client cannot make the broker buffer `PIPELINE_DEPTH` maximum-size frames.
 const READ_AHEAD_BYTES: usize = 8 * 1024 * 1024;
+
+/// Requests of one connection in flight at once (handled or waiting to be written).
+const MAX_IN_FLIGHT: usize = 16;
+
+tokio::task_local! {
+    /// The running request's order gate (see [`release_request_order`]).
+    static ORDER_GATE: OrderGate;
+}
+
+/// Lets the connection start its next request. Fired at most once: by the handler through
+/// [`release_request_order`], else when the request is done (`true` = go on reading,
+/// `false` = the connection closes after this request).
+struct OrderGate(Mutex<Option<oneshot::Sender<bool>>>);
+
+impl OrderGate {
+    fn fire(&self, go_on: bool) {
+        let sender = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(sender) = sender {
+            let _ = sender.send(go_on);
+        }
+    }
+}
+
+/// Called by a handler once the request is ordered before whatever the same connection sends
+/// next (e.g. Produce after its appends are written, before their fsync): the connection
+/// may start on its next request. Its response is still written in order. Outside a
+/// connection's request (tests calling a handler directly) it does nothing.
+pub fn release_request_order() {
+    let _ = ORDER_GATE.try_with(|gate| gate.fire(true));
+}
 
 /// A running broker. Dropping it leaves the broker running until the runtime ends; call
 /// [`BrokerHandle::shutdown`] to stop it and flush the log.
@@ -291,35 +327,76 @@ async fn serve_connection(
         .in_current_span(),
     );
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
+    // Requests being handled or waiting for their turn to be written, in request order.
+    let mut in_flight: VecDeque<tokio::task::JoinHandle<Option<Option<Bytes>>>> = VecDeque::new();
+    // The newest request's gate: no new request starts until it fires.
+    let mut gate: Option<oneshot::Receiver<bool>> = None;
+    let mut reading = true;
+    let span = tracing::Span::current();
     loop {
-        let (frame, permit) = tokio::select! {
-            _ = crate::state::shutdown_signalled(&mut shutdown) => break,
-            frame = frames.recv() => match frame {
-                Some(next) => next,
-                None => break,
-            },
-        };
-        let response = handle_frame(&state, frame).await;
-        drop(permit);
-        let Some(response) = response else {
+        if !reading && in_flight.is_empty() {
             break;
-        };
-        if let Some(bytes) = response {
-            metrics::bytes_out(bytes.len());
-            if let Err(e) = writer.write_all(&bytes).await {
-                tracing::debug!(error = %e, "write failed");
-                break;
-            }
         }
-        if frames.is_empty() {
-            if let Err(e) = writer.flush().await {
-                tracing::debug!(error = %e, "flush failed");
-                break;
+        let may_start = reading && gate.is_none() && in_flight.len() < MAX_IN_FLIGHT;
+        tokio::select! {
+            biased;
+            done = async { in_flight.front_mut().expect("checked non-empty").await },
+                if !in_flight.is_empty() => {
+                in_flight.pop_front();
+                let Ok(Some(response)) = done else {
+                    // A bad request (or a failed task): close after the earlier answers.
+                    break;
+                };
+                if let Some(bytes) = response {
+                    metrics::bytes_out(bytes.len());
+                    if let Err(e) = writer.write_all(&bytes).await {
+                        tracing::debug!(error = %e, "write failed");
+                        break;
+                    }
+                }
+                let next_ready = in_flight.front().is_some_and(|t| t.is_finished());
+                if !next_ready && frames.is_empty() {
+                    if let Err(e) = writer.flush().await {
+                        tracing::debug!(error = %e, "flush failed");
+                        break;
+                    }
+                }
             }
+            go_on = async { gate.as_mut().expect("checked some").await }, if gate.is_some() => {
+                gate = None;
+                if !matches!(go_on, Ok(true)) {
+                    reading = false;
+                }
+            }
+            _ = crate::state::shutdown_signalled(&mut shutdown), if reading => {
+                reading = false;
+            }
+            frame = frames.recv(), if may_start => match frame {
+                Some((frame, permit)) => {
+                    let (tx, rx) = oneshot::channel();
+                    gate = Some(rx);
+                    let state = Arc::clone(&state);
+                    let order = OrderGate(Mutex::new(Some(tx)));
+                    in_flight.push_back(tokio::spawn(
+                        ORDER_GATE
+                            .scope(order, async move {
+                                let response = handle_frame(&state, frame).await;
+                                drop(permit);
+                                let _ = ORDER_GATE.try_with(|g| g.fire(response.is_some()));
+                                response
+                            })
+                            .instrument(span.clone()),
+                    ));
+                }
+                None => reading = false,
+            },
         }
     }
     let _ = writer.flush().await;
     read_task.abort();
+    for task in in_flight {
+        task.abort();
+    }
     metrics::connections(-1.0);
     tracing::debug!(%peer, "connection closed");
 }

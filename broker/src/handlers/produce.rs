@@ -176,20 +176,62 @@ async fn append_in_parallel(
             }
         }
     }
+    // Write phase: the appends, in request order per partition, without waiting for fsync.
     let tasks: Vec<_> = groups
         .into_iter()
         .map(|(partition, group)| {
             let state = Arc::clone(state); // onceflow-txn
             tokio::task::spawn_blocking(move || {
-                group
+                let results = group
                     .into_iter()
-                    .map(|(slot, records)| (slot, state.txn.append(&partition, records)))
+                    .map(|(slot, records)| (slot, state.txn.append_unsynced(&partition, records)))
+                    .collect::<Vec<_>>();
+                (partition, results)
+            })
+        })
+        .collect();
+    let mut written = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        match task.await {
+            Ok(group) => written.push(group),
+            Err(e) => tracing::error!(error = %e, "append task failed"),
+        }
+    }
+    // Every append of this request is ordered in its log: the connection may start on its
+    // next request while the fsyncs below run, so one fsync can cover several requests.
+    crate::server::release_request_order();
+    // Durability phase: one fsync per partition (shared with concurrent appenders).
+    let syncs: Vec<_> = written
+        .into_iter()
+        .map(|(partition, results)| {
+            tokio::task::spawn_blocking(move || {
+                let target = results
+                    .iter()
+                    .filter_map(|(_, r)| r.as_ref().ok().and_then(|p| p.durable_at))
+                    .max();
+                let synced = target.map_or(Ok(()), |t| partition.make_durable(t));
+                results
+                    .into_iter()
+                    .map(|(slot, r)| {
+                        let r = match (r, &synced) {
+                            (Ok(p), Err(e)) if p.durable_at.is_some() => {
+                                Err(TxnProduceError::from(AppendError::Storage(
+                                    crate::storage::StorageError::io(
+                                        partition.dir(),
+                                        std::io::Error::other(e.to_string()),
+                                    ),
+                                )))
+                            }
+                            (r, _) => r.map(|p| p.outcome),
+                        };
+                        (slot, r)
+                    })
                     .collect::<Vec<_>>()
             })
         })
         .collect();
     let mut outcomes: Vec<Option<AppendResult>> = jobs.iter().map(|_| None).collect();
-    for task in tasks {
+    for task in syncs {
         match task.await {
             Ok(results) => {
                 for (slot, result) in results {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use super::backend::{BackendFile, DirEntry, StorageBackend};
 
@@ -46,9 +46,106 @@ impl Faults {
     }
 }
 
+/// Largest buffer reserved ahead for appends to one file.
+const MAX_TAIL_RESERVE: usize = 4 * 1024 * 1024;
+
+/// A file's bytes as immutable chunks plus a growing tail. A read that reaches the tail
+/// freezes it (without copying) first, so reads hand out slices of the stored memory
+/// instead of copies; only a read spanning several chunks is copied.
+#[derive(Debug, Default)]
+struct Chunks {
+    /// Frozen pieces in file order, each with its start position.
+    frozen: Vec<(usize, Bytes)>,
+    /// File position of `tail`'s first byte.
+    tail_start: usize,
+    /// The bytes after the frozen pieces.
+    tail: BytesMut,
+}
+
+impl Chunks {
+    fn from_slice(data: &[u8]) -> Chunks {
+        Chunks {
+            tail: BytesMut::from(data),
+            ..Chunks::default()
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.tail_start + self.tail.len()
+    }
+
+    fn freeze_tail(&mut self) {
+        if !self.tail.is_empty() {
+            let part = self.tail.split().freeze();
+            let start = self.tail_start;
+            self.tail_start += part.len();
+            self.frozen.push((start, part));
+        }
+    }
+
+    fn extend(&mut self, data: &[u8]) {
+        if self.tail.capacity() - self.tail.len() < data.len() {
+            // Reserve in proportion to the file, so small files (indexes) stay small.
+            let ahead = self.len().clamp(4096, MAX_TAIL_RESERVE);
+            self.tail.reserve(data.len().max(ahead));
+        }
+        self.tail.extend_from_slice(data);
+    }
+
+    /// Bytes `start..end` (clamped to the file).
+    fn read(&mut self, start: usize, end: usize) -> Bytes {
+        let end = end.min(self.len());
+        if start >= end {
+            return Bytes::new();
+        }
+        if end > self.tail_start {
+            self.freeze_tail();
+        }
+        let first = self
+            .frozen
+            .partition_point(|(s, _)| *s <= start)
+            .saturating_sub(1);
+        let mut out: Option<BytesMut> = None;
+        for (s, chunk) in &self.frozen[first..] {
+            if *s >= end {
+                break;
+            }
+            let from = start.saturating_sub(*s);
+            let to = (end - *s).min(chunk.len());
+            if from >= to {
+                continue;
+            }
+            if out.is_none() && *s + to == end {
+                // The whole range lies in this chunk: share it.
+                return chunk.slice(from..to);
+            }
+            out.get_or_insert_with(|| BytesMut::with_capacity(end - start))
+                .extend_from_slice(&chunk[from..to]);
+        }
+        out.map_or_else(Bytes::new, BytesMut::freeze)
+    }
+
+    fn truncate(&mut self, len: usize) {
+        if len >= self.tail_start {
+            self.tail.truncate(len - self.tail_start);
+            return;
+        }
+        self.tail = BytesMut::new();
+        self.frozen.retain(|(s, _)| *s < len);
+        if let Some((s, chunk)) = self.frozen.last_mut() {
+            chunk.truncate(len - *s);
+        }
+        self.tail_start = len;
+    }
+
+    fn prefix_vec(&mut self, len: usize) -> Vec<u8> {
+        self.read(0, len).to_vec()
+    }
+}
+
 #[derive(Debug, Default)]
 struct MemData {
-    bytes: Vec<u8>,
+    bytes: Chunks,
     /// Length of the prefix that a crash keeps.
     synced: usize,
     /// Whether the file's directory entry survives a crash.
@@ -77,17 +174,17 @@ impl BackendFile for MemFile {
         self.faults.write()?;
         let mut d = self.lock();
         let pos = d.bytes.len() as u64;
-        d.bytes.extend_from_slice(data);
+        d.bytes.extend(data);
         Ok(pos)
     }
 
     fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
-        let d = self.lock();
+        let mut d = self.lock();
         let start = usize::try_from(pos)
             .unwrap_or(usize::MAX)
             .min(d.bytes.len());
         let end = start.saturating_add(len).min(d.bytes.len());
-        Ok(Bytes::copy_from_slice(&d.bytes[start..end]))
+        Ok(d.bytes.read(start, end))
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -168,17 +265,18 @@ impl MemBackend {
             let mut out = image.lock();
             out.dirs = tree.dirs.clone();
             for (path, file) in &tree.files {
-                let d = file.lock();
+                let mut d = file.lock();
                 if !d.durable_entry {
                     continue;
                 }
-                let kept = d.bytes[..d.synced].to_vec();
+                let synced = d.synced;
+                let kept = d.bytes.prefix_vec(synced);
                 let synced = kept.len();
                 out.files.insert(
                     path.clone(),
                     Arc::new(MemFile {
                         data: Mutex::new(MemData {
-                            bytes: kept,
+                            bytes: Chunks::from_slice(&kept),
                             synced,
                             durable_entry: true,
                         }),
@@ -270,7 +368,11 @@ impl StorageBackend for MemBackend {
 
     fn read_file(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
         let tree = self.lock();
-        Ok(tree.files.get(path).map(|f| f.lock().bytes.clone()))
+        Ok(tree.files.get(path).map(|f| {
+            let mut d = f.lock();
+            let len = d.bytes.len();
+            d.bytes.prefix_vec(len)
+        }))
     }
 
     fn write_file_atomic(&self, path: &Path, data: &[u8]) -> io::Result<()> {
@@ -280,7 +382,7 @@ impl StorageBackend for MemBackend {
         Self::check_parent(&tree, path)?;
         let f = Arc::new(MemFile {
             data: Mutex::new(MemData {
-                bytes: data.to_vec(),
+                bytes: Chunks::from_slice(data),
                 synced: data.len(),
                 durable_entry: true,
             }),
@@ -305,6 +407,40 @@ impl StorageBackend for MemBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunked_file_reads_match_a_flat_copy_across_freezes_and_truncation() {
+        let mut c = Chunks::default();
+        let mut flat: Vec<u8> = Vec::new();
+        let mut n = 0u8;
+        for round in 0..200usize {
+            let piece: Vec<u8> = (0..(round * 37) % 5000 + 1)
+                .map(|_| {
+                    n = n.wrapping_add(1);
+                    n
+                })
+                .collect();
+            c.extend(&piece);
+            flat.extend_from_slice(&piece);
+            // Reads reaching the tail freeze it; compare a few ranges each round.
+            let len = flat.len();
+            for (a, b) in [
+                (0, len),
+                (len / 3, len),
+                (len / 2, len / 2 + 10),
+                (len, len + 5),
+            ] {
+                assert_eq!(&c.read(a, b)[..], &flat[a.min(len)..b.min(len)], "{a}..{b}");
+            }
+            if round % 50 == 49 {
+                let keep = len * 2 / 3;
+                c.truncate(keep);
+                flat.truncate(keep);
+                assert_eq!(c.len(), keep);
+            }
+        }
+        assert_eq!(c.prefix_vec(flat.len()), flat);
+    }
 
     #[test]
     fn crash_image_keeps_only_synced_prefix_of_synced_entries() {

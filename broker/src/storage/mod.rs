@@ -31,7 +31,7 @@ pub use backend::{BackendFile, FileBackend, StorageBackend};
 pub use config::{FsyncPolicy, ParseFsyncPolicyError, StorageConfig};
 pub use error::{AppendError, ReadError, Result, StorageError};
 pub use memory::MemBackend;
-pub use partition::{AppendOutcome, CommittedRead, Partition};
+pub use partition::{AppendOutcome, CommittedRead, Partition, PendingAppend};
 pub use txn_index::AbortedTxn;
 
 use partition::PartitionContext;

@@ -115,7 +115,20 @@ pub struct Partition {
     dir: PathBuf,
     ctx: PartitionContext,
     state: Mutex<LogState>,
+    /// Serializes fsyncs of the active segment (group commit: one fsync covers every append
+    /// written before it started; taken before `state`, never while holding it).
+    sync_lock: Mutex<()>,
     metrics: PartitionMetrics,
+}
+
+/// An append written to the log but not yet durable: call [`Partition::make_durable`] with
+/// `durable_at` before acknowledging it (under `--fsync every-batch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingAppend {
+    /// What to report once durable.
+    pub outcome: AppendOutcome,
+    /// The offset the high watermark must reach first, or `None` if nothing is to wait for.
+    pub durable_at: Option<i64>,
 }
 
 fn fault_to_error(f: BatchFault) -> AppendError {
@@ -154,6 +167,7 @@ impl Partition {
             dir,
             ctx,
             state: Mutex::new(state),
+            sync_lock: Mutex::new(()),
             metrics,
         })
     }
@@ -203,6 +217,16 @@ impl Partition {
     /// magic and CRC-32C, runs the idempotent-producer checks, assigns offsets by rewriting
     /// baseOffset only, stores the bytes and fsyncs per policy before returning.
     pub fn append(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
+        let pending = self.append_unsynced(records)?;
+        self.finish(pending)
+    }
+
+    /// [`Partition::append`] without waiting for the fsync: the records are written and
+    /// ordered (a later append lands after them) but, under every-batch, not yet visible to
+    /// readers nor safe to acknowledge until [`Partition::make_durable`] returns for
+    /// `durable_at`. Lets a caller order its next append before this one's fsync completes,
+    /// so one fsync covers both (group commit).
+    pub fn append_unsynced(&self, records: Bytes) -> Result<PendingAppend, AppendError> {
         let batches = batch::split_batches(&records).map_err(fault_to_error)?;
         if batches.iter().any(|(_, h)| h.is_control()) {
             return Err(AppendError::InvalidRecord(
@@ -210,6 +234,13 @@ impl Partition {
             ));
         }
         self.append_validated(&records, &batches)
+    }
+
+    fn finish(&self, pending: PendingAppend) -> Result<AppendOutcome, AppendError> {
+        if let Some(target) = pending.durable_at {
+            self.make_durable(target)?;
+        }
+        Ok(pending.outcome)
     }
 
     /// Appends control batches (transaction markers: COMMIT/ABORT built by the transaction
@@ -228,7 +259,8 @@ impl Partition {
                 h.attributes
             )));
         }
-        self.append_validated(&records, &batches)
+        let pending = self.append_validated(&records, &batches)?;
+        self.finish(pending)
     }
 
     /// A copy of the producer state of `producer_id` on this partition, if known.
@@ -320,7 +352,7 @@ impl Partition {
         &self,
         records: &[u8],
         batches: &[(usize, BatchHeader)],
-    ) -> Result<AppendOutcome, AppendError> {
+    ) -> Result<PendingAppend, AppendError> {
         let mut guard = self.lock();
         let st = &mut *guard;
         self.check_writable(st)?;
@@ -344,12 +376,13 @@ impl Partition {
                     log_start_offset: st.log_start,
                     duplicate: true,
                 };
-                if m.last_offset >= st.high_watermark {
-                    // The original is written but its fsync is still in flight: answer only
-                    // once it is durable.
-                    self.sync_tail(guard, m.last_offset + 1)?;
-                }
-                return Ok(outcome);
+                // If the original is written but its fsync is still in flight, answer only
+                // once it is durable.
+                let durable_at = (m.last_offset >= st.high_watermark).then_some(m.last_offset + 1);
+                return Ok(PendingAppend {
+                    outcome,
+                    durable_at,
+                });
             }
             let mut h = *h;
             h.base_offset = next;
@@ -420,11 +453,17 @@ impl Partition {
             log_start_offset: st.log_start,
             duplicate: false,
         };
-        match self.ctx.fsync {
-            FsyncPolicy::EveryBatch => self.sync_tail(guard, next)?,
-            FsyncPolicy::Interval(_) | FsyncPolicy::Never => st.high_watermark = next,
-        }
-        Ok(outcome)
+        let durable_at = match self.ctx.fsync {
+            FsyncPolicy::EveryBatch => Some(next),
+            FsyncPolicy::Interval(_) | FsyncPolicy::Never => {
+                st.high_watermark = next;
+                None
+            }
+        };
+        Ok(PendingAppend {
+            outcome,
+            durable_at,
+        })
     }
 
     /// Adds aborted-index entries for ABORT markers just written and appends them to the file
@@ -476,18 +515,33 @@ impl Partition {
         Ok(())
     }
 
-    /// fsyncs the active segment without holding the lock, then exposes offsets below
-    /// `target` to readers. Concurrent appenders share the work: one fsync covers all.
-    fn sync_tail(&self, st: MutexGuard<'_, LogState>, target: i64) -> Result<(), StorageError> {
-        if st.high_watermark >= target {
-            return Ok(());
-        }
-        let Some(active) = st.segments.last() else {
-            return Ok(());
+    /// Waits until offsets below `target` are durable and visible to readers (the high
+    /// watermark reached `target`), fsyncing the active segment if needed. Fsyncs are
+    /// serialized per partition and run without the state lock (appends go on meanwhile); one
+    /// fsync covers everything written before it started, so concurrent and pipelined
+    /// appenders share it (group commit). Fails if the partition went offline (a failed
+    /// fsync) before the data was known durable.
+    pub fn make_durable(&self, target: i64) -> Result<(), StorageError> {
+        let _syncing = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (file, path, covered) = {
+            let st = self.lock();
+            if st.high_watermark >= target {
+                return Ok(());
+            }
+            if let Some(why) = &st.failed {
+                // An earlier fsync failed: nothing is known about what reached the disk.
+                return Err(StorageError::io(
+                    &self.dir,
+                    io::Error::other(format!("partition offline until restart: {why}")),
+                ));
+            }
+            let Some(active) = st.segments.last() else {
+                return Ok(());
+            };
+            // Everything below the log end is in the active segment or in a sealed one,
+            // which the roll fsynced.
+            (Arc::clone(&active.log), active.log_path.clone(), st.log_end)
         };
-        let file: Arc<dyn BackendFile> = Arc::clone(&active.log);
-        let path = active.log_path.clone();
-        drop(st);
         let started = Instant::now();
         let res = file.sync();
         self.metrics
@@ -496,7 +550,7 @@ impl Partition {
         let mut st = self.lock();
         match res {
             Ok(()) => {
-                st.high_watermark = st.high_watermark.max(target);
+                st.high_watermark = st.high_watermark.max(covered);
                 Ok(())
             }
             Err(e) => {

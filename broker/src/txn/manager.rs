@@ -24,7 +24,7 @@ use super::log::{LogImage, TxnLog};
 use super::metrics;
 use super::state::TopicPartition;
 use crate::storage::batch::parse_header;
-use crate::storage::{AppendError, AppendOutcome, Partition, Store};
+use crate::storage::{AppendError, AppendOutcome, Partition, PendingAppend, Store};
 
 /// Name of the transaction-state directory inside the broker's data dir.
 pub const TXN_DIR: &str = "__transaction_state";
@@ -203,9 +203,31 @@ impl TxnManager {
         partition: &Arc<Partition>,
         records: Bytes,
     ) -> std::result::Result<AppendOutcome, TxnProduceError> {
+        self.checked_append(partition, records, |p, r| p.append(r))
+    }
+
+    /// [`append`](Self::append) without waiting for the fsync (group commit): the same
+    /// transactional checks under the same lock, then [`Partition::append_unsynced`]; the
+    /// caller makes the write durable with [`Partition::make_durable`] before answering.
+    pub fn append_unsynced(
+        &self,
+        partition: &Arc<Partition>,
+        records: Bytes,
+    ) -> std::result::Result<PendingAppend, TxnProduceError> {
+        self.checked_append(partition, records, |p, r| p.append_unsynced(r))
+    }
+
+    /// Checks a transactional batch against the coordinator and appends it with `write`,
+    /// both under the partition's transaction lock, so no batch lands after its marker.
+    fn checked_append<T>(
+        &self,
+        partition: &Arc<Partition>,
+        records: Bytes,
+        write: impl FnOnce(&Partition, Bytes) -> std::result::Result<T, AppendError>,
+    ) -> std::result::Result<T, TxnProduceError> {
         let header = match parse_header(&records) {
             Ok(h) if h.is_transactional() && h.has_producer_id() && !h.is_control() => h,
-            _ => return Ok(partition.append(records)?),
+            _ => return Ok(write(partition, records)?),
         };
         let lock = self.partition_lock(partition);
         let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -226,7 +248,7 @@ impl TxnManager {
             );
             return Err(TxnProduceError::Refused(code));
         }
-        Ok(partition.append(records)?)
+        Ok(write(partition, records)?)
     }
 
     /// InitProducerId with a transactional id. A fenced open transaction is aborted before
