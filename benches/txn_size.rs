@@ -63,9 +63,13 @@ struct Args {
     /// Seconds of transactions per raw point (at least 3 transactions).
     #[arg(long)]
     raw_secs: Option<f64>,
-    /// Pipeline backlog (throughput phase) in MB of record values.
+    /// Pipeline backlog (throughput phase) in MB of record values, at least.
     #[arg(long)]
     backlog_mb: Option<f64>,
+    /// Pipeline backlog: at least this many checkpoint intervals of work (at an assumed
+    /// 120 MB/s, at most 150k records/s), so the steady-state slope spans several commits.
+    #[arg(long)]
+    backlog_intervals: Option<f64>,
     /// Pipeline latency phase input rate, records/s.
     #[arg(long, default_value_t = 5000)]
     rate: u64,
@@ -112,9 +116,17 @@ fn machine() -> String {
                 .map(|s| s.trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    format!("{n} cores, {cpu}, load average {}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+    format!(
+        "{n} cores, {cpu}, load average {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
 }
 
 fn main() -> anyhow::Result<()> {
@@ -127,28 +139,59 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let q = args.quick;
     let storages = args.storage.clone().unwrap_or_else(|| {
-        if q { vec!["memory".into()] } else { vec!["memory".into(), "durable".into()] }
+        if q {
+            vec!["memory".into()]
+        } else {
+            vec!["memory".into(), "durable".into()]
+        }
     });
-    let record_bytes = args.record_bytes.clone().unwrap_or_else(|| if q { vec![1024] } else { vec![100, 1024] });
+    let record_bytes =
+        args.record_bytes
+            .clone()
+            .unwrap_or_else(|| if q { vec![1024] } else { vec![100, 1024] });
     let sizes = args.sizes.clone().unwrap_or_else(|| {
-        if q { vec![10, 100, 1_000, 10_000] } else { vec![1, 10, 100, 1_000, 10_000, 100_000] }
+        if q {
+            vec![10, 100, 1_000, 10_000]
+        } else {
+            vec![1, 10, 100, 1_000, 10_000, 100_000]
+        }
     });
-    let intervals = args.intervals.clone().unwrap_or_else(|| if q { vec![100, 1000] } else { vec![10, 100, 1000] });
+    let intervals = args.intervals.clone().unwrap_or_else(|| {
+        if q {
+            vec![100, 1000]
+        } else {
+            vec![10, 100, 1000]
+        }
+    });
     let modes = args.modes.clone().unwrap_or_else(|| {
-        ["at-least-once", "two-phase-commit", "transactional-offsets", "none"]
-            .map(String::from)
-            .to_vec()
+        [
+            "at-least-once",
+            "two-phase-commit",
+            "transactional-offsets",
+            "none",
+        ]
+        .map(String::from)
+        .to_vec()
     });
     let raw_secs = Duration::from_secs_f64(args.raw_secs.unwrap_or(if q { 1.5 } else { 4.0 }));
     let backlog_mb = args.backlog_mb.unwrap_or(if q { 30.0 } else { 60.0 });
+    let backlog_intervals = args.backlog_intervals.unwrap_or(if q { 3.0 } else { 5.0 });
     let out = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into())).join("txn_size")
+        PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
+            .join("txn_size")
     });
     std::fs::create_dir_all(&out)?;
-    let bin = if args.no_pipeline { PathBuf::new() } else { etl_binary(&args)? };
+    let bin = if args.no_pipeline {
+        PathBuf::new()
+    } else {
+        etl_binary(&args)?
+    };
     let machine_before = machine();
     println!("machine: {machine_before}");
-    println!("command: {}", std::env::args().collect::<Vec<_>>().join(" "));
+    println!(
+        "command: {}",
+        std::env::args().collect::<Vec<_>>().join(" ")
+    );
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -156,8 +199,11 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let started = Instant::now();
     let mut points = Vec::new();
-    let storage_list: Vec<String> =
-        if args.brokers.is_some() { vec!["external".into()] } else { storages };
+    let storage_list: Vec<String> = if args.brokers.is_some() {
+        vec!["external".into()]
+    } else {
+        storages
+    };
     let mut counter = 0u64;
     let run_id = common::now_us() % 1_000_000_000;
     for storage in &storage_list {
@@ -189,7 +235,10 @@ fn main() -> anyhow::Result<()> {
                     let tag = format!("{run_id}-{counter}");
                     match raw::run(&rt, &brokers, storage, &tag, size, bytes, raw_secs) {
                         Ok(p) => {
-                            eprintln!("{storage} {bytes} B raw-txn {size}: {:.0} records/s", p.records_per_s);
+                            eprintln!(
+                                "{storage} {bytes} B raw-txn {size}: {:.0} records/s",
+                                p.records_per_s
+                            );
                             points.push(p);
                         }
                         Err(e) => eprintln!("{storage} {bytes} B raw-txn {size}: FAILED: {e:#}"),
@@ -197,8 +246,11 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             if !args.no_pipeline {
-                let backlog = ((backlog_mb * 1e6) / bytes as f64).max(1000.0) as u64;
+                let guess_rate = (120e6 / bytes as f64).min(150_000.0);
                 for &ms in &intervals {
+                    let backlog = ((backlog_mb * 1e6) / bytes as f64)
+                        .max(guess_rate * backlog_intervals * ms as f64 / 1000.0)
+                        .max(1000.0) as u64;
                     for mode in &modes {
                         counter += 1;
                         let spec = pipeline::Spec {
@@ -218,7 +270,9 @@ fn main() -> anyhow::Result<()> {
                                 eprintln!("{storage} {bytes} B {mode} {ms} ms: {:.0} records/s, e2e p50 {:.1} ms", p.records_per_s, p.e2e_ms.0);
                                 points.push(p);
                             }
-                            Err(e) => eprintln!("{storage} {bytes} B {mode} {ms} ms: FAILED: {e:#}"),
+                            Err(e) => {
+                                eprintln!("{storage} {bytes} B {mode} {ms} ms: FAILED: {e:#}")
+                            }
                         }
                     }
                 }
@@ -239,6 +293,10 @@ fn main() -> anyhow::Result<()> {
     std::fs::write(out.join("txn_size.md"), &md)?;
     let svg = out.join("txn_size.svg");
     report::plot(&points, &svg)?;
-    println!("wrote {} and {}", out.join("txn_size.md").display(), svg.display());
+    println!(
+        "wrote {} and {}",
+        out.join("txn_size.md").display(),
+        svg.display()
+    );
     Ok(())
 }

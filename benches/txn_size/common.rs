@@ -114,7 +114,10 @@ pub fn watch(
 /// (the example ignores unknown fields).
 pub fn input_json(id: u64, size: usize) -> Vec<u8> {
     let key = format!("customer-{}", id % 64);
-    let head = format!(r#"{{"id":{id},"key":"{key}","amount":{},"pad":""#, (id % 100) as i64 - 20);
+    let head = format!(
+        r#"{{"id":{id},"key":"{key}","amount":{},"pad":""#,
+        (id % 100) as i64 - 20
+    );
     let tail = "\"}";
     let pad = size.saturating_sub(head.len() + tail.len());
     let mut v = Vec::with_capacity(size.max(head.len() + tail.len()));

@@ -39,8 +39,12 @@ pub fn run(
     // warm-up transaction (coordinator lookup, partition metadata), not measured and not
     // counted by the watcher (its key is empty)
     p.begin_transaction()?;
-    p.send(BaseRecord::<[u8], [u8]>::to(&topic).partition(0).payload(&payload))
-        .map_err(|(e, _)| e)?;
+    p.send(
+        BaseRecord::<[u8], [u8]>::to(&topic)
+            .partition(0)
+            .payload(&payload),
+    )
+    .map_err(|(e, _)| e)?;
     while p.in_flight_count() > 0 {
         p.poll(Duration::from_millis(1));
     }
@@ -48,6 +52,7 @@ pub fn run(
 
     // watcher: visibility latency of every measured record (key = send time in us)
     let (total_tx, total_rx) = mpsc::channel::<u64>();
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
     let (brokers2, topic2) = (brokers.to_string(), topic.clone());
     let watcher = std::thread::spawn(move || -> anyhow::Result<(Vec<f64>, u64)> {
         let c = committed_reader(&brokers2, &topic2, 1)?;
@@ -55,6 +60,9 @@ pub fn run(
         let mut last_visible = 0u64;
         let mut expected: Option<u64> = None;
         let hard = Instant::now() + Duration::from_secs(600);
+        // ready once the warm-up record (no key) is visible: the consumer is positioned
+        watch(&c, hard, |m, _| m.is_some_and(|m| m.key().is_none()))?;
+        let _ = ready_tx.send(());
         watch(&c, hard, |m, t| {
             if let Some(k) = m.and_then(|m| m.key()).filter(|k| k.len() == 8) {
                 let sent = u64::from_be_bytes(k.try_into().unwrap_or([0; 8]));
@@ -69,6 +77,11 @@ pub fn run(
         Ok((lat, last_visible))
     });
 
+    ready_rx
+        .recv_timeout(Duration::from_secs(60))
+        .map_err(|_| {
+            anyhow::anyhow!("the read_committed watcher did not see the warm-up record")
+        })?;
     let start_us = now_us();
     let start = Instant::now();
     let mut commits = Vec::new();
@@ -77,7 +90,10 @@ pub fn run(
         p.begin_transaction()?;
         for _ in 0..size {
             let key = now_us().to_be_bytes();
-            let mut rec = BaseRecord::to(&topic).partition(0).key(&key[..]).payload(&payload[..]);
+            let mut rec = BaseRecord::to(&topic)
+                .partition(0)
+                .key(&key[..])
+                .payload(&payload[..]);
             loop {
                 match p.send(rec) {
                     Ok(()) => break,

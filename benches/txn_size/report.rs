@@ -38,7 +38,9 @@ fn human(v: f64) -> String {
 pub fn table(points: &[Point]) -> String {
     let mut s = String::new();
     s.push_str("| storage | record | mode | checkpoint | records | records/txn | records/s | MB/s | commit p50 ms | commit p99 ms | e2e p50 ms | e2e p99 ms |\n");
-    s.push_str("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    s.push_str(
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
     for p in points {
         let _ = writeln!(
             s,
@@ -46,7 +48,9 @@ pub fn table(points: &[Point]) -> String {
             p.storage,
             p.record_bytes,
             p.mode,
-            p.interval_ms.map(|i| format!("{i} ms")).unwrap_or_else(|| "-".into()),
+            p.interval_ms
+                .map(|i| format!("{i} ms"))
+                .unwrap_or_else(|| "-".into()),
             p.records,
             human(p.records_per_txn),
             human(p.records_per_s),
@@ -60,17 +64,28 @@ pub fn table(points: &[Point]) -> String {
     s
 }
 
-fn find<'a>(points: &'a [Point], storage: &str, bytes: usize, mode: &str, ms: u64) -> Option<&'a Point> {
+fn find<'a>(
+    points: &'a [Point],
+    storage: &str,
+    bytes: usize,
+    mode: &str,
+    ms: u64,
+) -> Option<&'a Point> {
     points.iter().find(|p| {
-        p.storage == storage && p.record_bytes == bytes && p.mode == mode && p.interval_ms == Some(ms)
+        p.storage == storage
+            && p.record_bytes == bytes
+            && p.mode == mode
+            && p.interval_ms == Some(ms)
     })
 }
 
 /// The three targets, each with the figure measured in this run.
 pub fn targets(points: &[Point]) -> String {
     let mut s = String::new();
-    let mut configs: Vec<(String, usize)> =
-        points.iter().map(|p| (p.storage.clone(), p.record_bytes)).collect();
+    let mut configs: Vec<(String, usize)> = points
+        .iter()
+        .map(|p| (p.storage.clone(), p.record_bytes))
+        .collect();
     configs.dedup();
     configs.sort();
     configs.dedup();
@@ -93,7 +108,9 @@ pub fn targets(points: &[Point]) -> String {
         }) {
             let raw = points
                 .iter()
-                .filter(|r| &r.storage == storage && r.record_bytes == *bytes && r.mode == "raw-txn")
+                .filter(|r| {
+                    &r.storage == storage && r.record_bytes == *bytes && r.mode == "raw-txn"
+                })
                 .min_by(|a, b| {
                     let da = (a.records_per_txn.ln() - p.records_per_txn.ln()).abs();
                     let db = (b.records_per_txn.ln() - p.records_per_txn.ln()).abs();
@@ -129,7 +146,10 @@ pub fn targets(points: &[Point]) -> String {
 }
 
 fn range(v: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
-    let lo = v.clone().filter(|x| x.is_finite() && *x > 0.0).fold(f64::INFINITY, f64::min);
+    let lo = v
+        .clone()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .fold(f64::INFINITY, f64::min);
     let hi = v.filter(|x| x.is_finite() && *x > 0.0).fold(0.0, f64::max);
     if !lo.is_finite() || hi <= 0.0 {
         (1.0, 10.0)
@@ -141,8 +161,10 @@ fn range(v: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
 /// Writes the SVG: one row per (storage, record size); left throughput, right median
 /// end-to-end latency, both against records per transaction; one line per mode.
 pub fn plot(points: &[Point], path: &Path) -> anyhow::Result<()> {
-    let mut configs: Vec<(String, usize)> =
-        points.iter().map(|p| (p.storage.clone(), p.record_bytes)).collect();
+    let mut configs: Vec<(String, usize)> = points
+        .iter()
+        .map(|p| (p.storage.clone(), p.record_bytes))
+        .collect();
     configs.sort();
     configs.dedup();
     if configs.is_empty() {
@@ -174,7 +196,11 @@ pub fn plot(points: &[Point], path: &Path) -> anyhow::Result<()> {
             chart
                 .configure_mesh()
                 .x_desc("records per transaction (per sink subtask)")
-                .y_desc(if j == 0 { "records/s" } else { "ms (read_committed)" })
+                .y_desc(if j == 0 {
+                    "records/s"
+                } else {
+                    "ms (read_committed)"
+                })
                 .draw()?;
             for (mode, color) in MODES {
                 let mut line: Vec<(f64, f64)> = pts
@@ -193,13 +219,15 @@ pub fn plot(points: &[Point], path: &Path) -> anyhow::Result<()> {
                     .legend(move |(x, y)| {
                         PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
                     });
-                chart.draw_series(
-                    line.into_iter().map(|c| Circle::new(c, 3, color.filled())),
-                )?;
+                chart.draw_series(line.into_iter().map(|c| Circle::new(c, 3, color.filled())))?;
             }
             chart
                 .configure_series_labels()
-                .position(if j == 0 { SeriesLabelPosition::LowerRight } else { SeriesLabelPosition::UpperLeft })
+                .position(if j == 0 {
+                    SeriesLabelPosition::LowerRight
+                } else {
+                    SeriesLabelPosition::UpperLeft
+                })
                 .border_style(BLACK)
                 .background_style(WHITE.mix(0.85))
                 .draw()?;
