@@ -30,7 +30,7 @@ use onceflow_broker::BrokerConfig;
 #[derive(Parser, Debug)]
 #[command(about = "Exactly-once throughput and latency per transaction size")]
 struct Args {
-    /// Reduced grid (in-memory broker, 1 KiB, raw 10..10k, pipeline at 100 ms and 1 s).
+    /// Reduced grid (in-memory broker, 1 KiB, raw 10..10k, pipeline at 10 ms and 100 ms).
     #[arg(long)]
     quick: bool,
     /// Use this cluster instead of the bundled broker.
@@ -63,13 +63,13 @@ struct Args {
     /// Seconds of transactions per raw point (at least 3 transactions).
     #[arg(long)]
     raw_secs: Option<f64>,
-    /// Pipeline backlog (throughput phase) in MB of record values, at least.
-    #[arg(long)]
-    backlog_mb: Option<f64>,
-    /// Pipeline backlog: at least this many checkpoint intervals of work (at an assumed
-    /// 120 MB/s, at most 150k records/s), so the steady-state slope spans several commits.
+    /// Pipeline backlog (throughput phase): at least this many checkpoint intervals of work
+    /// at an assumed 150 MB/s (at most 200k records/s).
     #[arg(long)]
     backlog_intervals: Option<f64>,
+    /// Pipeline backlog: at least this many seconds of work at the same assumed rate.
+    #[arg(long)]
+    backlog_secs: Option<f64>,
     /// Pipeline latency phase input rate, records/s.
     #[arg(long, default_value_t = 5000)]
     rate: u64,
@@ -174,8 +174,8 @@ fn main() -> anyhow::Result<()> {
         .to_vec()
     });
     let raw_secs = Duration::from_secs_f64(args.raw_secs.unwrap_or(if q { 1.5 } else { 4.0 }));
-    let backlog_mb = args.backlog_mb.unwrap_or(if q { 30.0 } else { 60.0 });
-    let backlog_intervals = args.backlog_intervals.unwrap_or(if q { 3.0 } else { 5.0 });
+    let backlog_intervals = args.backlog_intervals.unwrap_or(10.0);
+    let backlog_secs = args.backlog_secs.unwrap_or(if q { 2.0 } else { 3.0 });
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
             .join("txn_size")
@@ -246,11 +246,10 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             if !args.no_pipeline {
-                let guess_rate = (120e6 / bytes as f64).min(150_000.0);
+                let guess_rate = (150e6 / bytes as f64).min(200_000.0);
                 for &ms in &intervals {
-                    let backlog = ((backlog_mb * 1e6) / bytes as f64)
-                        .max(guess_rate * backlog_intervals * ms as f64 / 1000.0)
-                        .max(1000.0) as u64;
+                    let secs = backlog_secs.max(backlog_intervals * ms as f64 / 1000.0);
+                    let backlog = (guess_rate * secs).max(1000.0) as u64;
                     for mode in &modes {
                         counter += 1;
                         let spec = pipeline::Spec {
@@ -269,6 +268,7 @@ fn main() -> anyhow::Result<()> {
                             Ok(p) => {
                                 eprintln!("{storage} {bytes} B {mode} {ms} ms: {:.0} records/s, e2e p50 {:.1} ms", p.records_per_s, p.e2e_ms.0);
                                 points.push(p);
+                                write_outputs(&out, &points, &machine_before, started)?;
                             }
                             Err(e) => {
                                 eprintln!("{storage} {bytes} B {mode} {ms} ms: FAILED: {e:#}")
@@ -282,21 +282,28 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(b.shutdown());
         }
     }
-    let table = report::table(&points);
-    let targets = report::targets(&points);
-    let machine_after = machine();
+    write_outputs(&out, &points, &machine_before, started)?;
+    println!("{}", std::fs::read_to_string(out.join("txn_size.md"))?);
+    println!("wrote txn_size.md and txn_size.svg to {}", out.display());
+    Ok(())
+}
+
+/// Writes txn_size.md and txn_size.svg; called after every point so a cut
+/// run keeps what it measured.
+fn write_outputs(
+    out: &Path,
+    points: &[common::Point],
+    machine_before: &str,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let table = report::table(points);
+    let targets = report::targets(points);
+    let machine_now = machine();
     let md = format!(
-        "machine at start: {machine_before}\n\nmachine at end: {machine_after}\n\nwall time: {:.0} s\n\n{table}\nTargets (this run):\n\n{targets}",
+        "machine at start: {machine_before}\n\nmachine at end: {machine_now}\n\nwall time: {:.0} s\n\n{table}\nTargets (this run):\n\n{targets}",
         started.elapsed().as_secs_f64()
     );
-    println!("\n{md}");
     std::fs::write(out.join("txn_size.md"), &md)?;
-    let svg = out.join("txn_size.svg");
-    report::plot(&points, &svg)?;
-    println!(
-        "wrote {} and {}",
-        out.join("txn_size.md").display(),
-        svg.display()
-    );
+    report::plot(points, &out.join("txn_size.svg"))?;
     Ok(())
 }
