@@ -158,7 +158,7 @@ fn main() -> anyhow::Result<()> {
     });
     let intervals = args.intervals.clone().unwrap_or_else(|| {
         if q {
-            vec![100, 1000]
+            vec![10, 100]
         } else {
             vec![10, 100, 1000]
         }
