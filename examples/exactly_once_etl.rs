@@ -134,6 +134,20 @@ fn main() {
         Ok(()) => {}
         Err(e) => {
             eprintln!("error: {e}");
+            if e.to_string().contains("takeover race") {
+                // another instance completed a newer checkpoint while we recovered (it is
+                // fenced now): start over from that checkpoint in a fresh process
+                eprintln!("restarting to recover from the newer checkpoint");
+                let status = std::env::current_exe().and_then(|exe| {
+                    std::process::Command::new(exe)
+                        .args(std::env::args_os().skip(1))
+                        .status()
+                });
+                match status {
+                    Ok(s) => std::process::exit(s.code().unwrap_or(1)),
+                    Err(e) => eprintln!("error: cannot restart: {e}"),
+                }
+            }
             std::process::exit(1);
         }
     }
@@ -206,6 +220,12 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
+    // two-phase commit: one live instance per checkpoint directory (see docs/KAFKA.md)
+    let _instance_lock = if mode == DeliveryMode::TwoPhaseCommit {
+        Some(lock_checkpoint_dir(&checkpoint_dir)?)
+    } else {
+        None
+    };
     if mode.is_transactional() {
         match helper_rt.block_on(committer::broker_max_transaction_timeout(&brokers)) {
             Ok(Some(max)) => {
@@ -222,7 +242,16 @@ fn run(args: Args) -> anyhow::Result<()> {
 
     let p = args.parallelism;
     let link = OffsetsLink::new();
+    let sink_cfg = KafkaSinkConfig::new(brokers.clone(), args.output.clone())
+        .mode(mode)
+        .transactional_id_prefix(args.transactional_id_prefix.clone())
+        .transaction_timeout(timeout)
+        .checkpoint_interval(interval)
+        .recovery_allowance(allowance)
+        .checkpoint_dir(&checkpoint_dir);
     let restore = if mode == DeliveryMode::TransactionalOffsets {
+        // fence the previous instance first: afterwards nobody else commits offsets
+        link.fence_previous(&sink_cfg, p)?;
         match committed_checkpoint(&brokers, &args.group, &args.input)? {
             Some(c) => RestoreMode::Checkpoint(c),
             None => RestoreMode::None,
@@ -264,12 +293,6 @@ fn run(args: Args) -> anyhow::Result<()> {
     if mode == DeliveryMode::TransactionalOffsets {
         source = source.transactional_offsets(link.clone());
     }
-    let sink_cfg = KafkaSinkConfig::new(brokers.clone(), args.output.clone())
-        .mode(mode)
-        .transactional_id_prefix(args.transactional_id_prefix.clone())
-        .transaction_timeout(timeout)
-        .checkpoint_interval(interval)
-        .recovery_allowance(allowance);
     let committed_counts: Arc<Mutex<HashMap<u64, usize>>> = Arc::default();
     let recovered = Arc::new(AtomicU64::new(0));
     let mut sink = KafkaSink::new(sink_cfg)
@@ -405,6 +428,28 @@ fn run(args: Args) -> anyhow::Result<()> {
         helper_rt.block_on(b.shutdown());
     }
     Ok(())
+}
+
+/// Locks `<dir>/.instance-lock` (released by the OS when the process dies, also on kill -9).
+/// A second instance of a two-phase-commit job on the same checkpoint directory would restore
+/// a checkpoint the first one is still completing and committing; refuse it.
+#[allow(clippy::incompatible_msrv)] // File::try_lock: Rust 1.89; the example needs no older toolchain
+fn lock_checkpoint_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(".instance-lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(anyhow::anyhow!(
+            "checkpoint directory {} is in use by another running instance: two-phase-commit mode runs one instance per checkpoint directory (stop the other one first; taking over a running instance with fencing is what --mode transactional-offsets does)",
+            dir.display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(anyhow::anyhow!("cannot lock {}: {e}", path.display())),
+    }
 }
 
 /// The embedded demo: an input generator and a read_committed verifier of the output.

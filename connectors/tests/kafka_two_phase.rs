@@ -13,7 +13,12 @@ use onceflow_runtime::{Sink, SinkFactory};
 
 fn records(from: usize, n: usize) -> Vec<SinkRecord> {
     (from..from + n)
-        .map(|i| SinkRecord::new(Some(format!("k{}", i % 3).into_bytes()), format!("r{i}").into_bytes()))
+        .map(|i| {
+            SinkRecord::new(
+                Some(format!("k{}", i % 3).into_bytes()),
+                format!("r{i}").into_bytes(),
+            )
+        })
         .collect()
 }
 
@@ -38,13 +43,18 @@ async fn invisible_until_commit() {
     w.recover(Vec::new()).await.expect("recover");
     w.write_batch(records(0, 50)).await.expect("write");
     let p = w.pre_commit(1).await.expect("pre_commit").expect("pending");
-    let KafkaPending::TwoPhase(tp) = &p else { panic!("mode") };
+    let KafkaPending::TwoPhase(tp) = &p else {
+        panic!("mode")
+    };
     let t = tp.txn.as_ref().expect("a transaction");
     assert_eq!(t.records, 50);
     assert!(t.producer_id >= 0 && t.epoch >= 0);
     // written after the barrier: belongs to the next transaction
     w.write_batch(records(50, 10)).await.expect("write");
-    assert!(read_committed(&brokers, "out1", 2, QUIET).is_empty(), "visible before commit");
+    assert!(
+        read_committed(&brokers, "out1", 2, QUIET).is_empty(),
+        "visible before commit"
+    );
     w.commit(1, p).await.expect("commit");
     let seen = read_committed(&brokers, "out1", 2, QUIET);
     assert_eq!(seen.len(), 50, "exactly checkpoint 1's records");
@@ -65,7 +75,9 @@ async fn recovery_commits_a_crashed_sinks_transaction_once() {
     let p = w.pre_commit(1).await.expect("pre_commit").expect("pending");
     // more output after the barrier that must never become visible
     w.write_batch(records(1000, 5)).await.expect("write");
-    w.pre_commit(2).await.expect("pre_commit 2 (checkpoint 2 never completes)");
+    w.pre_commit(2)
+        .await
+        .expect("pre_commit 2 (checkpoint 2 never completes)");
     w.write_batch(records(2000, 5)).await.expect("write");
     drop(w); // crash: checkpoint 1 complete, commit never ran
 
@@ -74,7 +86,11 @@ async fn recovery_commits_a_crashed_sinks_transaction_once() {
     let mut r = factory.create(&info(0, 1, 1)).expect("create");
     r.recover(vec![p.clone()]).await.expect("recovery commit");
     let seen = read_committed(&brokers, "out2", 2, QUIET);
-    assert_eq!(seen.len(), 40, "checkpoint 1's output once, nothing of the open transactions: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        40,
+        "checkpoint 1's output once, nothing of the open transactions: {seen:?}"
+    );
     drop(r);
     // crash again before any new checkpoint: recovery of the same checkpoint is idempotent
     let factory = sink(&brokers, "out2", "t2");
@@ -97,13 +113,16 @@ async fn recovery_of_an_aborted_transaction_fails_loudly() {
     w.recover(Vec::new()).await.expect("recover");
     w.write_batch(records(0, 10)).await.expect("write");
     let p = w.pre_commit(7).await.expect("pre_commit").expect("pending");
-    let KafkaPending::TwoPhase(tp) = &p else { panic!("mode") };
+    let KafkaPending::TwoPhase(tp) = &p else {
+        panic!("mode")
+    };
     let t = tp.txn.clone().expect("txn");
     drop(w);
     // the broker aborts it (as a transaction timeout would)
-    let code = committer::end_txn_once(&brokers, &t.transactional_id, t.producer_id, t.epoch, false)
-        .await
-        .expect("EndTxn abort");
+    let code =
+        committer::end_txn_once(&brokers, &t.transactional_id, t.producer_id, t.epoch, false)
+            .await
+            .expect("EndTxn abort");
     assert_eq!(code, 0);
     let factory = sink(&brokers, "out3", "t3");
     let mut r = factory.create(&info(0, 1, 7)).expect("create");

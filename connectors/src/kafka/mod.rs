@@ -38,6 +38,9 @@ pub enum KafkaError {
     /// A pre-committed transaction of a complete checkpoint can no longer be committed.
     #[error("DATA LOSS: {0}")]
     DataLoss(String),
+    /// Another instance completed a newer checkpoint while this one recovered: restart.
+    #[error("takeover race: {0}")]
+    TakeoverRace(String),
     /// The producer was fenced by another instance using the same transactional id.
     #[error("fenced: {0}")]
     Fenced(String),

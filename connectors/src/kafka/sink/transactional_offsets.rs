@@ -70,6 +70,23 @@ impl OffsetsLink {
         Self::default()
     }
 
+    /// Creates the instance's transactional producer now (init_transactions fences the
+    /// previous instance and waits for its commit in progress). Call it before
+    /// [`committed_checkpoint`], so no other instance can commit offsets afterwards. Blocking:
+    /// call it outside async code. `sink_parallelism` is the sink's parallelism.
+    pub fn fence_previous(
+        &self,
+        cfg: &KafkaSinkConfig,
+        sink_parallelism: usize,
+    ) -> super::super::Result<()> {
+        let mut inst = self.0.instance.blocking_lock();
+        if inst.is_some() {
+            return Ok(());
+        }
+        *inst = Some(new_instance(cfg, sink_parallelism)?);
+        Ok(())
+    }
+
     pub(crate) fn register_source(&self, parallelism: usize, gm: Option<ConsumerGroupMetadata>) {
         let mut s = self.0.state.lock();
         s.source_parallelism = parallelism;
@@ -92,6 +109,25 @@ impl OffsetsLink {
             .or_default()
             .insert(subtask, pos.clone());
     }
+}
+
+fn new_instance(cfg: &KafkaSinkConfig, parallelism: usize) -> super::super::Result<Instance> {
+    let id = format!("{}-offsets", cfg.transactional_id_prefix);
+    let (p, ctx) = producer::create(cfg, Some(&id), false)?;
+    p.init_transactions(TXN_CALL_TIMEOUT)
+        .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
+    p.begin_transaction()
+        .map_err(|e| KafkaError::client("begin_transaction", e))?;
+    metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
+    Ok(Instance {
+        producer: p,
+        ctx,
+        committed: 0,
+        sealed: vec![None; parallelism],
+        segments: BTreeMap::new(),
+        records_in_txn: 0,
+        since: Instant::now(),
+    })
 }
 
 /// One transactional-offsets sink subtask.
@@ -120,26 +156,8 @@ impl OffsetsWriter {
             return Ok(());
         }
         let cfg = self.cfg.clone();
-        let id = format!("{}-offsets", cfg.transactional_id_prefix);
-        let (p, ctx) = blocking(move || -> super::super::Result<_> {
-            let (p, ctx) = producer::create(&cfg, Some(&id), false)?;
-            p.init_transactions(TXN_CALL_TIMEOUT)
-                .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
-            p.begin_transaction()
-                .map_err(|e| KafkaError::client("begin_transaction", e))?;
-            Ok((p, ctx))
-        })
-        .await??;
-        metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
-        *inst = Some(Instance {
-            producer: p,
-            ctx,
-            committed: 0,
-            sealed: vec![None; self.parallelism],
-            segments: BTreeMap::new(),
-            records_in_txn: 0,
-            since: Instant::now(),
-        });
+        let parallelism = self.parallelism;
+        *inst = Some(blocking(move || new_instance(&cfg, parallelism)).await??);
         Ok(())
     }
 
