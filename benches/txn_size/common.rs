@@ -1,0 +1,163 @@
+//! Shared pieces of the txn_size benchmark: clocks, percentiles, topics, payloads and the
+//! read_committed visibility watcher.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{Offset, TopicPartitionList};
+
+/// Microseconds since the Unix epoch (the clock both sides of a latency share).
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Nearest-rank percentile of an ascending slice (NaN when empty).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// p50 and p99 of unsorted samples.
+pub fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (percentile(&v, 0.5), percentile(&v, 0.99))
+}
+
+/// Creates `topics` with `partitions` partitions (an existing topic is an error: every point
+/// uses fresh names).
+pub fn create_topics(
+    rt: &tokio::runtime::Runtime,
+    brokers: &str,
+    topics: &[&str],
+    partitions: i32,
+) -> anyhow::Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .context("creating the admin client")?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = rt
+        .block_on(admin.create_topics(new.iter(), &opts))
+        .context("CreateTopics")?;
+    for r in results {
+        if let Err((t, e)) = r {
+            anyhow::bail!("creating topic {t}: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// A read_committed consumer assigned to every partition of a topic from the beginning.
+pub fn committed_reader(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+) -> anyhow::Result<BaseConsumer> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("txn-size-watch-{topic}"))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("fetch.wait.max.ms", "5")
+        .set("fetch.error.backoff.ms", "5")
+        .create()
+        .context("creating the read_committed watcher")?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    c.assign(&tpl)?;
+    Ok(c)
+}
+
+/// Polls `c` until `on` returns true or `deadline`; calls `on` with each message (None after
+/// an empty poll) and the microsecond clock at which it became visible. Returns false on
+/// deadline.
+pub fn watch(
+    c: &BaseConsumer,
+    deadline: Instant,
+    mut on: impl FnMut(Option<&BorrowedMessage<'_>>, u64) -> bool,
+) -> anyhow::Result<bool> {
+    while Instant::now() < deadline {
+        let done = match c.poll(Duration::from_millis(10)) {
+            Some(Ok(m)) => on(Some(&m), now_us()),
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "watcher poll");
+                on(None, now_us())
+            }
+            None => on(None, now_us()),
+        };
+        if done {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A pipeline input value: the example's JSON padded with a `pad` field to `size` bytes
+/// (the example ignores unknown fields).
+pub fn input_json(id: u64, size: usize) -> Vec<u8> {
+    let key = format!("customer-{}", id % 64);
+    let head = format!(
+        r#"{{"id":{id},"key":"{key}","amount":{},"pad":""#,
+        (id % 100) as i64 - 20
+    );
+    let tail = "\"}";
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let mut v = Vec::with_capacity(size.max(head.len() + tail.len()));
+    v.extend_from_slice(head.as_bytes());
+    v.resize(v.len() + pad, b'x');
+    v.extend_from_slice(tail.as_bytes());
+    v
+}
+
+/// The key the pipeline input uses for record `id`.
+pub fn input_key(id: u64) -> String {
+    format!("customer-{}", id % 64)
+}
+
+/// One measured point of the grid.
+#[derive(Clone, Debug)]
+pub struct Point {
+    /// "memory", "durable" or "external".
+    pub storage: String,
+    /// Value bytes per record.
+    pub record_bytes: usize,
+    /// raw-txn, none, at-least-once, transactional-offsets or two-phase-commit.
+    pub mode: String,
+    /// Checkpoint interval (pipeline) in ms; None for the raw producer.
+    pub interval_ms: Option<u64>,
+    /// Records per transaction (raw: configured; pipeline: records/s x interval / parallelism).
+    pub records_per_txn: f64,
+    /// End-to-end records per second.
+    pub records_per_s: f64,
+    /// Commit latency p50 / p99 in ms (NaN when the mode commits nothing).
+    pub commit_ms: (f64, f64),
+    /// End-to-end latency p50 / p99 in ms.
+    pub e2e_ms: (f64, f64),
+    /// Records measured (throughput phase).
+    pub records: u64,
+}
+
+impl Point {
+    /// MB/s of record values (10^6 bytes).
+    pub fn mb_per_s(&self) -> f64 {
+        self.records_per_s * self.record_bytes as f64 / 1e6
+    }
+}

@@ -1,0 +1,296 @@
+//! One pipeline point: the built `exactly_once_etl` example run as a child process against the
+//! benchmark's broker. Throughput phase: a prefilled backlog of `backlog` input records, timed
+//! from the child's `job started` line to the last of them visible to a read_committed
+//! consumer. The backlog is sized to many checkpoint intervals of work, so the wait for the
+//! commit after the last backlog record (half an interval on average) costs a few percent at
+//! most. Latency phase: then `rate` records/s paced for a few checkpoint intervals, each
+//! timed from its send (its input timestamp) to its output's read_committed visibility.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use rdkafka::config::ClientConfig;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+use crate::common::{
+    committed_reader, create_topics, input_json, input_key, now_us, p50_p99, watch, Point,
+};
+
+/// What one pipeline point runs.
+pub struct Spec<'a> {
+    /// The example binary.
+    pub bin: &'a Path,
+    /// Bootstrap servers.
+    pub brokers: &'a str,
+    /// Storage label for the table.
+    pub storage: &'a str,
+    /// Unique name part for topics, group and transactional ids.
+    pub tag: String,
+    /// --mode.
+    pub mode: &'a str,
+    /// --checkpoint-interval-ms.
+    pub interval_ms: u64,
+    /// Value bytes per input record.
+    pub record_bytes: usize,
+    /// Records prefilled for the throughput phase.
+    pub backlog: u64,
+    /// Records/s of the latency phase.
+    pub rate: u64,
+    /// --parallelism (and partitions per topic).
+    pub parallelism: usize,
+}
+
+fn producer(brokers: &str) -> anyhow::Result<BaseProducer> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "1")
+        .set("batch.num.messages", "10000")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .create()?)
+}
+
+fn send(p: &BaseProducer, topic: &str, id: u64, bytes: usize, ts_us: u64) {
+    let key = input_key(id);
+    let value = input_json(id, bytes);
+    let mut rec = BaseRecord::to(topic)
+        .key(key.as_bytes())
+        .payload(&value[..])
+        .timestamp((ts_us / 1000) as i64);
+    loop {
+        match p.send(rec) {
+            Ok(()) => return,
+            Err((_, r)) => {
+                p.poll(Duration::from_millis(1));
+                rec = r;
+            }
+        }
+    }
+}
+
+fn drain(p: &BaseProducer) {
+    while p.in_flight_count() > 0 {
+        p.poll(Duration::from_millis(1));
+    }
+}
+
+struct ChildGuard(Child);
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn id_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(m.payload()?).ok()?;
+    v.get("id")?.as_u64()
+}
+
+/// Runs one point.
+pub fn run(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Point> {
+    let (input, output) = (format!("in-{}", s.tag), format!("out-{}", s.tag));
+    let dlq = format!("{output}.dlq");
+    let parts = s.parallelism as i32;
+    create_topics(rt, s.brokers, &[&input, &output, &dlq], parts)?;
+    let interval = Duration::from_millis(s.interval_ms);
+    let latency_secs = (3 * s.interval_ms).max(2000) as f64 / 1000.0;
+    let n2 = ((s.rate as f64) * latency_secs) as u64;
+    let n1 = s.backlog;
+
+    // prefill the backlog
+    let p = producer(s.brokers)?;
+    for id in 0..n1 {
+        send(&p, &input, id, s.record_bytes, now_us());
+    }
+    drain(&p);
+
+    // watcher of the output
+    let sent: Arc<Vec<AtomicU64>> = Arc::new((0..n2).map(|_| AtomicU64::new(0)).collect());
+    let (phase_tx, phase_rx) = mpsc::channel::<u64>();
+    let watcher = {
+        let (brokers, output, sent) = (s.brokers.to_string(), output.clone(), sent.clone());
+        std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
+            let c = committed_reader(&brokers, &output, parts)?;
+            let mut seen = vec![false; n1 as usize];
+            let mut backlog_seen = 0u64;
+            let mut lat = Vec::with_capacity(n2 as usize);
+            let mut lat_seen = vec![false; n2 as usize];
+            let deadline = Instant::now() + Duration::from_secs(900);
+            let ok = watch(&c, deadline, |m, t| {
+                if let Some(id) = m.and_then(id_of) {
+                    if id < n1 {
+                        if !seen[id as usize] {
+                            seen[id as usize] = true;
+                            backlog_seen += 1;
+                            if backlog_seen == n1 {
+                                let _ = phase_tx.send(t);
+                            }
+                        }
+                    } else if let Some(i) = (id - n1)
+                        .try_into()
+                        .ok()
+                        .filter(|i: &usize| *i < lat_seen.len())
+                    {
+                        if !lat_seen[i] {
+                            lat_seen[i] = true;
+                            let s0 = sent[i].load(Ordering::Acquire);
+                            lat.push(t.saturating_sub(s0) as f64 / 1000.0);
+                        }
+                    }
+                }
+                backlog_seen == n1 && lat.len() as u64 == n2
+            })?;
+            if !ok {
+                anyhow::bail!(
+                    "output incomplete: {backlog_seen}/{n1} backlog, {}/{n2} paced",
+                    lat.len()
+                );
+            }
+            Ok(lat)
+        })
+    };
+
+    // the job
+    let dir = tempfile::tempdir()?;
+    let stderr = std::fs::File::create(dir.path().join("stderr.log"))?;
+    let child = Command::new(s.bin)
+        .args([
+            "--brokers",
+            s.brokers,
+            "--input",
+            &input,
+            "--output",
+            &output,
+        ])
+        .args(["--group", &format!("g-{}", s.tag), "--mode", s.mode])
+        .arg("--checkpoint-dir")
+        .arg(dir.path().join("ckpt"))
+        .args(["--checkpoint-interval-ms", &s.interval_ms.to_string()])
+        .args(["--parallelism", &s.parallelism.to_string()])
+        .args(["--transactional-id-prefix", &format!("etl-{}", s.tag)])
+        .args(["--max-records", &(n1 + n2).to_string()])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| format!("starting {}", s.bin.display()))?;
+    let mut child = ChildGuard(child);
+    let lines: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
+    let reader = {
+        let out = child.0.stdout.take().context("child stdout")?;
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                let t = now_us();
+                lines.lock().unwrap_or_else(|e| e.into_inner()).push((t, l));
+            }
+        })
+    };
+    let stderr_tail = || {
+        std::fs::read_to_string(dir.path().join("stderr.log"))
+            .map(|s| s.lines().rev().take(15).collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    };
+    let find = |pred: &dyn Fn(&str) -> bool| -> Option<u64> {
+        lines
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(_, l)| pred(l))
+            .map(|(t, _)| *t)
+    };
+    let wait_start = Instant::now();
+    let started = loop {
+        if let Some(t) = find(&|l| l == "job started") {
+            break t;
+        }
+        if wait_start.elapsed() > Duration::from_secs(60) || child.0.try_wait()?.is_some() {
+            anyhow::bail!("the job did not start; stderr:\n{}", stderr_tail());
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let backlog_done = phase_rx
+        .recv_timeout(Duration::from_secs(600))
+        .map_err(|_| anyhow::anyhow!("backlog not visible in time; stderr:\n{}", stderr_tail()))?;
+
+    // latency phase: paced input, send time = input timestamp
+    let t0 = Instant::now();
+    let tick = Duration::from_millis(5);
+    let mut id = 0u64;
+    while id < n2 {
+        let due = ((t0.elapsed().as_secs_f64() * s.rate as f64) as u64 + 1).min(n2);
+        while id < due {
+            let t = now_us();
+            sent[id as usize].store(t, Ordering::Release);
+            send(&p, &input, n1 + id, s.record_bytes, t);
+            id += 1;
+        }
+        p.poll(Duration::ZERO);
+        std::thread::sleep(tick);
+    }
+    drain(&p);
+    let lat = watcher
+        .join()
+        .map_err(|_| anyhow::anyhow!("watcher panicked"))?
+        .map_err(|e| anyhow::anyhow!("{e}; stderr:\n{}", stderr_tail()))?;
+    let exit_deadline = Instant::now() + Duration::from_secs(60) + interval;
+    let status = loop {
+        if let Some(st) = child.0.try_wait()? {
+            break st;
+        }
+        if Instant::now() > exit_deadline {
+            anyhow::bail!("the job did not stop after --max-records");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = reader.join();
+    if !status.success() {
+        anyhow::bail!("the job exited with {status}; stderr:\n{}", stderr_tail());
+    }
+
+    // commit latency: `checkpoint N complete` -> `checkpoint N committed` as seen here
+    let lines = lines.lock().unwrap_or_else(|e| e.into_inner());
+    let mut complete = std::collections::HashMap::new();
+    let mut commits = Vec::new();
+    for (t, l) in lines.iter() {
+        if let Some(n) = l.strip_prefix("checkpoint ") {
+            if let Some(n) = n.strip_suffix(" complete") {
+                complete.insert(n.to_string(), *t);
+            } else if let Some(n) = n.strip_suffix(" committed") {
+                if let Some(c) = complete.get(n) {
+                    commits.push(t.saturating_sub(*c) as f64 / 1000.0);
+                }
+            }
+        }
+    }
+    let secs = (backlog_done.saturating_sub(started) as f64 / 1e6).max(1e-6);
+    let rate = n1 as f64 / secs;
+    let commit_ms = if commits.is_empty() {
+        (f64::NAN, f64::NAN)
+    } else {
+        p50_p99(commits)
+    };
+    Ok(Point {
+        storage: s.storage.to_string(),
+        record_bytes: s.record_bytes,
+        mode: s.mode.to_string(),
+        interval_ms: Some(s.interval_ms),
+        records_per_txn: rate * interval.as_secs_f64() / s.parallelism as f64,
+        records_per_s: rate,
+        commit_ms,
+        e2e_ms: p50_p99(lat),
+        records: n1,
+    })
+}
