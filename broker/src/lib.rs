@@ -25,6 +25,7 @@ pub mod group;
 pub mod handlers;
 pub mod metrics;
 pub mod producer_ids;
+pub mod record_timestamps;
 pub mod request_guard;
 pub mod server;
 pub mod state;

@@ -1,4 +1,5 @@
-//! CreateTopics: any replication factor is accepted on this single node (clients ask for 3).
+//! CreateTopics: any replication factor is accepted on this single node (clients ask for 3);
+//! config entries are validated as Kafka does (unknown name, null or bad value: INVALID_CONFIG).
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
 use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse};
 use kafka_protocol::protocol::StrBytes;
 
-use super::RequestContext;
+use super::{topic_configs, RequestContext};
 use crate::metrics;
 use crate::state::{BrokerState, MAX_PARTITIONS_PER_TOPIC};
 use crate::storage::StorageError;
@@ -90,6 +91,11 @@ async fn create_one(
             ResponseError::TopicAlreadyExists,
             format!("topic {name:?} already exists"),
         );
+    }
+    if let Some(e) = topic.configs.iter().find_map(|c| {
+        topic_configs::validate(c.name.as_str(), c.value.as_ref().map(|v| v.as_str())).err()
+    }) {
+        return failure(topic, ResponseError::InvalidConfig, e.to_string());
     }
     let ok = CreatableTopicResult::default()
         .with_name(topic.name.clone())

@@ -1,5 +1,6 @@
 //! ListOffsets (v1..=7): earliest (-2), latest (-1; for read_committed the partition's last
-//! stable offset), max timestamp (-3), or the first offset at or after a timestamp.
+//! stable offset), max timestamp (-3), or the first record at or after a timestamp (record
+//! exact, as Kafka: the storage finds the batch, [`crate::record_timestamps`] the record).
 
 use std::sync::Arc;
 
@@ -75,8 +76,54 @@ fn lookup(partition: &Partition, timestamp: i64, read_committed: bool) -> (i64, 
         LATEST if read_committed => (partition.last_stable_offset(), -1),
         LATEST => (partition.high_watermark(), -1),
         MAX_TIMESTAMP => max_timestamp(partition).unwrap_or((-1, -1)),
-        ts if ts >= 0 => partition.offset_for_timestamp(ts).unwrap_or((-1, -1)),
+        ts if ts >= 0 => {
+            // Kafka only answers offsets below the last fetchable offset.
+            let fetchable = if read_committed {
+                partition.last_stable_offset()
+            } else {
+                partition.high_watermark()
+            };
+            offset_for_timestamp(partition, ts)
+                .filter(|&(offset, _)| offset < fetchable)
+                .unwrap_or((-1, -1))
+        }
         _ => (-1, -1),
+    }
+}
+
+/// The first record with timestamp >= `ts`: its offset and timestamp. The storage finds the
+/// first batch whose max timestamp is >= `ts`; its records are decoded to pick the record. A
+/// batch whose records all fall short (an inconsistent max timestamp) is skipped, as Kafka does;
+/// a batch that cannot be decoded answers at batch precision (logged).
+fn offset_for_timestamp(partition: &Partition, ts: i64) -> Option<(i64, i64)> {
+    let (mut next, _) = partition.offset_for_timestamp(ts)?;
+    loop {
+        // max_bytes 0: exactly the one (whole) batch containing `next`.
+        let bytes = match partition.read(next, 0) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::warn!(offset = next, error = %e, "timestamp lookup read failed");
+                return None;
+            }
+        };
+        let header = crate::batch_header::BatchHeader::parse(&bytes)?;
+        let batch = bytes.get(..header.total_len())?;
+        if header.max_timestamp >= ts {
+            match crate::record_timestamps::first_record_at_or_after(batch, ts) {
+                Ok(Some(hit)) => return Some(hit),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(offset = header.base_offset, error = %e,
+                        "cannot decode batch records; answering at batch precision");
+                    return Some((header.base_offset, header.max_timestamp));
+                }
+            }
+        }
+        let after = header.last_offset().saturating_add(1);
+        if after <= next {
+            return None;
+        }
+        next = after;
     }
 }
 

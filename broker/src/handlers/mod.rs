@@ -25,6 +25,7 @@ pub mod offset_commit;
 pub mod offset_fetch;
 pub mod produce;
 pub mod sync_group;
+pub mod topic_configs;
 
 use std::sync::Arc;
 

@@ -8,9 +8,11 @@
 #![allow(dead_code, unused_imports)]
 
 mod clients;
+mod inproc;
 mod process;
 mod raw;
 
 pub use clients::*;
+pub use inproc::*;
 pub use process::*;
 pub use raw::*;

@@ -1,0 +1,59 @@
+//! An in-process broker on its own tokio runtime, so a test thread can block in rdkafka calls,
+//! and a helper that runs admin-client futures to completion.
+
+use anyhow::Result;
+use onceflow_broker::{BrokerConfig, BrokerHandle};
+
+/// A broker started with [`onceflow_broker::start`] on a private runtime; shut down on drop.
+pub struct InProcessBroker {
+    runtime: tokio::runtime::Runtime,
+    handle: Option<BrokerHandle>,
+}
+
+impl InProcessBroker {
+    /// Starts a broker with `config` (in memory unless the config names a data dir).
+    pub fn start(config: BrokerConfig) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let handle = runtime.block_on(onceflow_broker::start(config))?;
+        Ok(Self {
+            runtime,
+            handle: Some(handle),
+        })
+    }
+
+    /// `127.0.0.1:PORT` of the listener.
+    pub fn bootstrap(&self) -> String {
+        self.handle
+            .as_ref()
+            .map(|h| h.bootstrap_servers())
+            .unwrap_or_default()
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.handle
+            .as_ref()
+            .map(|h| h.local_addr())
+            .unwrap_or_else(|| std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+}
+
+impl Drop for InProcessBroker {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            self.runtime.block_on(handle.shutdown());
+        }
+    }
+}
+
+/// Runs a future (e.g. an rdkafka admin call, completed by librdkafka's threads) to completion.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map(|rt| rt.block_on(f))
+        .unwrap_or_else(|e| panic!("cannot build a current-thread runtime: {e}"))
+}

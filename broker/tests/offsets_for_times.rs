@@ -1,0 +1,159 @@
+//! ListOffsets by timestamp is record exact, as in Kafka: rdkafka's `offsets_for_times` over
+//! batches of several records with distinct (also non-monotonic) timestamps answers the first
+//! record whose timestamp is >= the target, for an uncompressed and an lz4/zstd topic; a raw
+//! ListOffsets v7 also checks the answered timestamp is that record's.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use common::{client_config, InProcessBroker, RawClient};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::{BrokerId, ListOffsetsRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::RecordBatchDecoder;
+use onceflow_broker::BrokerConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+const T0: i64 = 1_700_000_000_000;
+
+/// Record timestamps (relative to T0), one inner slice per batch, in offset order.
+const BATCHES: [&[i64]; 3] = [
+    &[0, 10, 20, 30, 40],
+    &[100, 110, 120, 130, 140],
+    // Non-monotonic: the answer is the first record in offset order that reaches the target.
+    &[230, 200, 240, 210, 220],
+];
+
+/// Produces BATCHES to `topic` (one flush per batch, so each becomes one RecordBatch).
+fn produce(bootstrap: &str, topic: &str, compression: &str) -> Result<()> {
+    let producer: BaseProducer = client_config(bootstrap)
+        .set("compression.type", compression)
+        .set("linger.ms", "1000")
+        .set("batch.num.messages", "1000")
+        .set("acks", "all")
+        .create()?;
+    for (b, stamps) in BATCHES.iter().enumerate() {
+        for (i, ts) in stamps.iter().enumerate() {
+            let value = format!("batch {b} record {i} {}", "x".repeat(200));
+            producer
+                .send(
+                    BaseRecord::<(), _>::to(topic)
+                        .payload(&value)
+                        .partition(0)
+                        .timestamp(T0 + ts),
+                )
+                .map_err(|(e, _)| e)?;
+        }
+        producer.flush(Duration::from_secs(20))?;
+    }
+    Ok(())
+}
+
+/// Expected answer by Kafka's rule: first offset whose timestamp is >= target.
+fn expected(target: i64) -> Option<(i64, i64)> {
+    BATCHES
+        .iter()
+        .flat_map(|b| b.iter())
+        .enumerate()
+        .find(|(_, &ts)| T0 + ts >= target)
+        .map(|(offset, &ts)| (offset as i64, T0 + ts))
+}
+
+fn targets() -> Vec<i64> {
+    [
+        -5, 0, 1, 10, 25, 40, 41, 99, 100, 115, 140, 141, 199, 200, 205, 215, 230, 235, 240, 241,
+    ]
+    .iter()
+    .map(|d| T0 + d)
+    .collect()
+}
+
+fn check_topic(broker: &InProcessBroker, topic: &str, compression: &str) -> Result<()> {
+    produce(&broker.bootstrap(), topic, compression)?;
+
+    // The log really holds three batches of five records each (else the test proves nothing).
+    let mut raw = RawClient::connect(broker.addr())?;
+    let (code, hw, mut bytes) = raw.fetch(12, topic, 0, 0)?;
+    ensure!(
+        code == 0 && hw == 15,
+        "fetch: code {code}, high watermark {hw}"
+    );
+    let batches = RecordBatchDecoder::decode_batch_info(&mut bytes)?;
+    let counts: Vec<i32> = batches.iter().map(|b| b.record_count).collect();
+    ensure!(
+        counts == [5, 5, 5],
+        "{topic}: batch record counts {counts:?}"
+    );
+    if compression != "none" {
+        ensure!(
+            batches
+                .iter()
+                .all(|b| b.compression != kafka_protocol::records::Compression::None),
+            "{topic}: batches not compressed: {batches:?}"
+        );
+    }
+
+    // rdkafka offsets_for_times.
+    let consumer: BaseConsumer = client_config(&broker.bootstrap())
+        .set("group.id", "unused")
+        .create()?;
+    for target in targets() {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, 0, Offset::Offset(target))?;
+        let answer = consumer.offsets_for_times(tpl, Duration::from_secs(10))?;
+        let got = answer
+            .find_partition(topic, 0)
+            .context("partition missing in the answer")?;
+        ensure!(got.error().is_ok(), "{topic} @{target}: {:?}", got.error());
+        let want = match expected(target) {
+            Some((offset, _)) => Offset::Offset(offset),
+            None => Offset::End,
+        };
+        ensure!(
+            got.offset() == want,
+            "{topic} @T0+{}: offsets_for_times answered {:?}, want {want:?}",
+            target - T0,
+            got.offset()
+        );
+    }
+
+    // Raw ListOffsets v7: the timestamp is the record's, not the batch max.
+    for target in targets() {
+        let req = ListOffsetsRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_topics(vec![ListOffsetsTopic::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_partitions(vec![ListOffsetsPartition::default()
+                    .with_partition_index(0)
+                    .with_timestamp(target)])]);
+        let resp = raw.request(&req, 7)?;
+        let p = &resp.topics[0].partitions[0];
+        let want = expected(target).unwrap_or((-1, -1));
+        ensure!(
+            p.error_code == 0 && (p.offset, p.timestamp) == want,
+            "{topic} @T0+{}: ListOffsets v7 answered ({}, {}) code {}, want {want:?}",
+            target - T0,
+            p.offset,
+            p.timestamp,
+            p.error_code
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn offsets_for_times_is_record_exact_uncompressed() -> Result<()> {
+    let broker = InProcessBroker::start(BrokerConfig::default())?;
+    check_topic(&broker, "times-none", "none")
+}
+
+#[test]
+fn offsets_for_times_is_record_exact_lz4_and_zstd() -> Result<()> {
+    let broker = InProcessBroker::start(BrokerConfig::default())?;
+    check_topic(&broker, "times-lz4", "lz4")?;
+    check_topic(&broker, "times-zstd", "zstd")
+}
