@@ -24,6 +24,12 @@ pub struct BrokerConfig {
     pub max_request_bytes: usize,
     /// Serve Prometheus text metrics over HTTP on this address.
     pub metrics_listen: Option<SocketAddr>,
+    /// onceflow-txn (broker-txn helper): transaction coordinator limits
+    /// (`--max-transaction-timeout-ms`, `--transactional-id-expiration-ms`).
+    pub transactions: crate::txn::CoordinatorConfig,
+    /// onceflow-txn: test failpoint, pause (ms) between PrepareCommit/PrepareAbort and the
+    /// markers. 0 in production.
+    pub txn_marker_delay_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -36,6 +42,8 @@ impl Default for BrokerConfig {
             default_partitions: 1,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             metrics_listen: None,
+            transactions: crate::txn::CoordinatorConfig::default(),
+            txn_marker_delay_ms: 0,
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod batch_header;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod group;
 pub mod handlers;
 pub mod metrics;
 pub mod producer_ids;
@@ -27,6 +28,7 @@ pub mod request_guard;
 pub mod server;
 pub mod state;
 pub mod storage;
+pub mod txn; // onceflow-txn (broker-txn helper)
 
 pub use config::BrokerConfig;
 pub use error::{BrokerError, Result};

@@ -61,6 +61,12 @@ impl BrokerHandle {
         if let Err(e) = self.server.await {
             tracing::error!(error = %e, "server task failed");
         }
+        // onceflow-txn (broker-txn helper): snapshot open transactions for a fast restart.
+        let txn = Arc::clone(&self.state.txn);
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || txn.snapshot_all()).await {
+            tracing::error!(error = %e, "writing transaction snapshots at shutdown failed");
+        }
+        self.state.groups.close();
         let store = self.state.store.clone();
         match tokio::task::spawn_blocking(move || store.flush_all()).await {
             Ok(Ok(())) => tracing::info!("storage flushed; broker stopped"),
@@ -98,7 +104,8 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
 
     let storage_config = config.storage.clone();
     let data_dir = storage_config.data_dir.clone();
-    let (store, producer_ids) = tokio::task::spawn_blocking(move || -> Result<_> {
+    let fsync = storage_config.fsync;
+    let (store, producer_ids, groups) = tokio::task::spawn_blocking(move || -> Result<_> {
         if let Some(dir) = &data_dir {
             std::fs::create_dir_all(dir).map_err(|source| BrokerError::Io {
                 context: format!("creating data dir {}", dir.display()),
@@ -107,7 +114,16 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         }
         let store = Store::open(storage_config)?;
         let producer_ids = ProducerIdAllocator::open(data_dir.as_deref())?;
-        Ok((store, producer_ids))
+        let groups = crate::group::GroupCoordinator::open(
+            data_dir.as_deref(),
+            matches!(fsync, crate::storage::FsyncPolicy::EveryBatch),
+            crate::group::GroupConfig::default(),
+        )
+        .map_err(|e| BrokerError::Io {
+            context: "opening the group offsets store".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Ok((store, producer_ids, groups))
     })
     .await
     .map_err(|e| BrokerError::Io {
@@ -115,6 +131,29 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         source: std::io::Error::other(e.to_string()),
     })??;
 
+    // onceflow-txn (broker-txn helper): open the transaction layer (replays the transaction
+    // log and completes prepared transactions) before serving.
+    let producer_ids = Arc::new(producer_ids);
+    let txn = {
+        let txn_config = crate::txn::TxnConfig {
+            data_dir: config.storage.data_dir.clone(),
+            coordinator: config.transactions,
+            marker_delay: Duration::from_millis(config.txn_marker_delay_ms),
+        };
+        let store = store.clone();
+        let pids: Arc<dyn crate::txn::ProducerIdSource> = producer_ids.clone();
+        tokio::task::spawn_blocking(move || crate::txn::TxnManager::open(store, txn_config, pids))
+            .await
+            .map_err(|e| BrokerError::Io {
+                context: "opening transaction state".into(),
+                source: std::io::Error::other(e.to_string()),
+            })?
+            .map_err(|e| BrokerError::Io {
+                context: "opening transaction state".into(),
+                source: std::io::Error::other(e.to_string()),
+            })?
+    };
+    // onceflow-txn END
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let metrics_addr = match config.metrics_listen {
         Some(addr) => Some(metrics::serve(addr, shutdown_rx.clone()).await?),
@@ -134,8 +173,32 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         advertised_port: i32::from(advertised_port),
         appended: Notify::new(),
         producer_ids,
+        txn,
+        groups: Arc::new(groups),
         shutdown: shutdown_rx.clone(),
     });
+    // onceflow-txn (broker-txn helper): markers wake long-polling fetches and apply group
+    // offsets; timeouts/expiry.
+    {
+        state
+            .txn
+            .set_offsets_sink(Arc::new(state.groups.offsets().clone()));
+        let weak = Arc::downgrade(&state);
+        state
+            .txn
+            .set_append_notifier(Arc::new(move |_topic: &str, _partition: i32| {
+                if let Some(s) = weak.upgrade() {
+                    s.appended.notify_waiters();
+                }
+            }));
+        let task = state.txn.spawn_background(Duration::from_millis(100));
+        let mut rx = shutdown_rx.clone();
+        tokio::spawn(async move {
+            crate::state::shutdown_signalled(&mut rx).await;
+            task.abort();
+        });
+    }
+    state.groups.spawn_timer();
     // With `FsyncPolicy::Interval` the store runs its own flusher thread.
     tracing::info!(%local_addr, advertised = %format!("{}:{}", state.advertised_host, state.advertised_port), "broker listening");
     let server = tokio::spawn(accept_loop(listener, Arc::clone(&state), shutdown_rx));

@@ -30,8 +30,14 @@ pub struct BrokerState {
     pub advertised_port: i32,
     /// Woken (`notify_waiters`) after every successful append, for long-polling fetches.
     pub appended: Notify,
-    /// Producer ids for InitProducerId, never reused across restarts.
-    pub producer_ids: ProducerIdAllocator,
+    /// Producer ids for InitProducerId, never reused across restarts (shared with the
+    /// transaction coordinator: `Arc` added by the broker-txn helper).
+    pub producer_ids: Arc<ProducerIdAllocator>,
+    /// onceflow-txn (broker-txn helper): the transaction coordinator and partition
+    /// transaction layer.
+    pub txn: Arc<crate::txn::TxnManager>,
+    /// The consumer group coordinator and group offsets store.
+    pub groups: Arc<crate::group::GroupCoordinator>,
     /// Flips to true when the broker shuts down.
     pub shutdown: watch::Receiver<bool>,
 }

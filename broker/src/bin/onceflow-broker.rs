@@ -47,6 +47,17 @@ struct Args {
     /// Serve Prometheus text metrics over HTTP on this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    // onceflow-txn (broker-txn helper): transaction flags.
+    /// Largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above).
+    #[arg(long, default_value_t = 900_000, value_parser = clap::value_parser!(i32).range(1..))]
+    max_transaction_timeout_ms: i32,
+    /// Forget transactional ids idle for this long (default 7 days).
+    #[arg(long, default_value_t = 604_800_000, value_parser = clap::value_parser!(i64).range(1..))]
+    transactional_id_expiration_ms: i64,
+    /// Test failpoint: pause this long between persisting PrepareCommit/PrepareAbort and
+    /// writing the markers (crash tests).
+    #[arg(long, default_value_t = 0, hide = true)]
+    txn_marker_delay_ms: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -85,6 +96,11 @@ fn main() -> std::process::ExitCode {
         default_partitions: args.default_partitions,
         max_request_bytes: args.max_request_bytes,
         metrics_listen: args.metrics_listen,
+        transactions: onceflow_broker::txn::CoordinatorConfig {
+            max_transaction_timeout_ms: args.max_transaction_timeout_ms,
+            transactional_id_expiration_ms: args.transactional_id_expiration_ms,
+        },
+        txn_marker_delay_ms: args.txn_marker_delay_ms,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -18,6 +18,20 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteTopics, 1, 5),
     (ApiKey::InitProducerId, 0, 4),
     (ApiKey::DescribeConfigs, 1, 4),
+    // onceflow-txn (broker-txn helper): transaction APIs.
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
+    (ApiKey::TxnOffsetCommit, 0, 3),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetFetch, 1, 9),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::ListGroups, 0, 5),
 ];
 
 /// The advertised (min, max) versions of `key`, or None if the API is not implemented.
@@ -86,6 +100,5 @@ mod tests {
         assert!(is_supported(ApiKey::Fetch, 12));
         assert!(!is_supported(ApiKey::Fetch, 13));
         assert!(!is_supported(ApiKey::Produce, 2));
-        assert!(!is_supported(ApiKey::JoinGroup, 0));
     }
 }

@@ -24,16 +24,33 @@ pub async fn handle(
             .with_producer_id(ProducerId(-1))
             .with_producer_epoch(-1)
     };
-    if req
-        .transactional_id
-        .as_ref()
-        .is_some_and(|t| !t.0.is_empty())
-    {
-        tracing::info!(
-            "InitProducerId with a transactional id: transactions are not implemented yet"
-        );
-        return refused(ResponseError::TransactionalIdAuthorizationFailed);
+    // onceflow-txn (broker-txn helper): transactional ids go to the transaction coordinator.
+    if let Some(txn_id) = req.transactional_id.as_ref().filter(|t| !t.0.is_empty()) {
+        let txn_id = txn_id.0.to_string();
+        let expected = (_ctx.version >= 3 && req.producer_id.0 >= 0)
+            .then_some((req.producer_id.0, req.producer_epoch));
+        let timeout = req.transaction_timeout_ms;
+        let st = Arc::clone(state);
+        let res = tokio::task::spawn_blocking(move || {
+            st.txn.init_producer_id(&txn_id, timeout, expected)
+        })
+        .await;
+        return match res {
+            Ok(Ok(Ok((pid, epoch)))) => InitProducerIdResponse::default()
+                .with_producer_id(ProducerId(pid))
+                .with_producer_epoch(epoch),
+            Ok(Ok(Err(code))) => refused(code),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "InitProducerId: transaction log write failed");
+                refused(ResponseError::KafkaStorageError)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "InitProducerId task failed");
+                refused(ResponseError::UnknownServerError)
+            }
+        };
     }
+    // onceflow-txn END
     let allocator = Arc::clone(state);
     let allocated = if state.is_durable() {
         tokio::task::spawn_blocking(move || allocator.producer_ids.allocate())

@@ -51,6 +51,12 @@ pub fn handle(
                             .with_offset(-1);
                     };
                     let (offset, timestamp) = lookup(&partition, p.timestamp, read_committed);
+                    // onceflow-txn (broker-txn helper): latest under read_committed = LSO.
+                    let offset = if p.timestamp == LATEST && req.isolation_level == 1 {
+                        state.txn.last_stable_offset(&partition).unwrap_or(offset)
+                    } else {
+                        offset
+                    };
                     let base = base.with_offset(offset).with_timestamp(timestamp);
                     // The leader epoch field exists from v4 on; encoding refuses it before.
                     if ctx.version >= 4 {

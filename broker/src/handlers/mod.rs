@@ -1,22 +1,45 @@
 //! Request dispatch: checks the advertised version table, decodes the body, runs the API's
 //! handler (one module per API) and encodes the response frame.
 
+// onceflow-txn (broker-txn helper): transaction APIs.
+pub mod add_offsets_to_txn;
+pub mod add_partitions_to_txn;
+pub mod end_txn;
+pub mod txn_offset_commit;
+// onceflow-txn END
 pub mod api_versions;
 pub mod create_topics;
 pub mod delete_topics;
 pub mod describe_configs;
+pub mod describe_groups;
 pub mod fetch;
+pub mod find_coordinator;
+pub mod heartbeat;
 pub mod init_producer_id;
+pub mod join_group;
+pub mod leave_group;
+pub mod list_groups;
 pub mod list_offsets;
 pub mod metadata;
+pub mod offset_commit;
+pub mod offset_fetch;
 pub mod produce;
+pub mod sync_group;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
+}; // onceflow-txn
+use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
+};
+use kafka_protocol::messages::{
+    DescribeGroupsRequest, FindCoordinatorRequest, HeartbeatRequest, JoinGroupRequest,
+    LeaveGroupRequest, ListGroupsRequest, OffsetCommitRequest, OffsetFetchRequest,
+    SyncGroupRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 
@@ -167,6 +190,72 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: DescribeConfigsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &describe_configs::handle(state, &ctx, req))?)
         }
+        // onceflow-txn (broker-txn helper): transaction APIs.
+        ApiKey::AddPartitionsToTxn => {
+            let req: AddPartitionsToTxnRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &add_partitions_to_txn::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::AddOffsetsToTxn => {
+            let req: AddOffsetsToTxnRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &add_offsets_to_txn::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::EndTxn => {
+            let req: EndTxnRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &end_txn::handle(state, &ctx, req).await)?)
+        }
+        ApiKey::TxnOffsetCommit => {
+            let req: TxnOffsetCommitRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &txn_offset_commit::handle(state, &ctx, req).await,
+            )?)
+        }
+        // onceflow-txn END
+        ApiKey::FindCoordinator => {
+            let req: FindCoordinatorRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &find_coordinator::handle(state, &ctx, req))?)
+        }
+        ApiKey::JoinGroup => {
+            let req: JoinGroupRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &join_group::handle(state, &ctx, req).await)?)
+        }
+        ApiKey::SyncGroup => {
+            let req: SyncGroupRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &sync_group::handle(state, &ctx, req).await)?)
+        }
+        ApiKey::Heartbeat => {
+            let req: HeartbeatRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &heartbeat::handle(state, &ctx, req))?)
+        }
+        ApiKey::LeaveGroup => {
+            let req: LeaveGroupRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &leave_group::handle(state, &ctx, req))?)
+        }
+        ApiKey::OffsetCommit => {
+            let req: OffsetCommitRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &offset_commit::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::OffsetFetch => {
+            let req: OffsetFetchRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &offset_fetch::handle(state, &ctx, req))?)
+        }
+        ApiKey::DescribeGroups => {
+            let req: DescribeGroupsRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &describe_groups::handle(state, &ctx, req))?)
+        }
+        ApiKey::ListGroups => {
+            let req: ListGroupsRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &list_groups::handle(state, &ctx, req))?)
+        }
         other => {
             return Err(DispatchError::Unsupported {
                 api: other,
@@ -197,6 +286,20 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::DeleteTopics => "DeleteTopics",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DescribeConfigs => "DescribeConfigs",
+        // onceflow-txn (broker-txn helper)
+        ApiKey::AddPartitionsToTxn => "AddPartitionsToTxn",
+        ApiKey::AddOffsetsToTxn => "AddOffsetsToTxn",
+        ApiKey::EndTxn => "EndTxn",
+        ApiKey::TxnOffsetCommit => "TxnOffsetCommit",
+        ApiKey::FindCoordinator => "FindCoordinator",
+        ApiKey::JoinGroup => "JoinGroup",
+        ApiKey::SyncGroup => "SyncGroup",
+        ApiKey::Heartbeat => "Heartbeat",
+        ApiKey::LeaveGroup => "LeaveGroup",
+        ApiKey::OffsetCommit => "OffsetCommit",
+        ApiKey::OffsetFetch => "OffsetFetch",
+        ApiKey::DescribeGroups => "DescribeGroups",
+        ApiKey::ListGroups => "ListGroups",
         _ => "other",
     }
 }

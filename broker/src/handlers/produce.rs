@@ -14,6 +14,7 @@ use super::RequestContext;
 use crate::metrics;
 use crate::state::{BrokerState, TopicLookup};
 use crate::storage::{AppendError, AppendOutcome, Partition};
+use crate::txn::TxnProduceError;
 
 /// One partition's part of the request, resolved before appending.
 struct Job {
@@ -28,10 +29,6 @@ pub async fn handle(
     ctx: &RequestContext,
     req: ProduceRequest,
 ) -> ProduceResponse {
-    let transactional = req
-        .transactional_id
-        .as_ref()
-        .is_some_and(|t| !t.0.is_empty());
     let acks_ok = (-1..=1).contains(&req.acks);
     let mut names: Vec<TopicName> = Vec::with_capacity(req.topic_data.len());
     let mut jobs = Vec::new();
@@ -48,11 +45,6 @@ pub async fn handle(
                 Err((
                     ResponseError::InvalidRequiredAcks,
                     format!("acks must be 0, 1 or -1, got {}", req.acks),
-                ))
-            } else if transactional {
-                Err((
-                    ResponseError::InvalidTxnState,
-                    "transactional produce is not implemented by this broker yet".into(),
                 ))
             } else {
                 match (&lookup, state.partition(name, p.index)) {
@@ -84,7 +76,8 @@ pub async fn handle(
             .iter()
             .map(|j| j.target.as_ref().ok().cloned())
             .collect();
-        match tokio::task::spawn_blocking(move || append_all(durable_jobs)).await {
+        let st = Arc::clone(state);
+        match tokio::task::spawn_blocking(move || append_all(&st, durable_jobs)).await {
             Ok(outcomes) => outcomes,
             Err(e) => {
                 tracing::error!(error = %e, "append task failed");
@@ -93,6 +86,7 @@ pub async fn handle(
         }
     } else {
         append_all(
+            state,
             jobs.iter()
                 .map(|j| j.target.as_ref().ok().cloned())
                 .collect(),
@@ -126,7 +120,17 @@ pub async fn handle(
                 }
                 Ok(outcome)
             }
-            (Ok(_), Some(Err(e))) => Err(map_append_error(ctx.version, &e)),
+            // onceflow-txn (broker-txn helper): refusals of the transaction layer.
+            (Ok(_), Some(Err(TxnProduceError::Append(e)))) => {
+                Err(map_append_error(ctx.version, &e))
+            }
+            (Ok(_), Some(Err(TxnProduceError::Refused(code)))) => Err((
+                code,
+                "transactional batch refused by the coordinator".into(),
+            )),
+            (Ok(_), Some(Err(TxnProduceError::Txn(e)))) => {
+                Err((ResponseError::KafkaStorageError, e.to_string()))
+            }
         };
         let response = match result {
             Ok(AppendOutcome {
@@ -159,11 +163,16 @@ pub async fn handle(
     ProduceResponse::default().with_responses(responses)
 }
 
-type AppendResult = Result<AppendOutcome, AppendError>;
+// onceflow-txn (broker-txn helper): appends go through the transaction layer, which checks
+// transactional batches against the coordinator and records their first offsets.
+type AppendResult = Result<AppendOutcome, TxnProduceError>;
 
-fn append_all(jobs: Vec<Option<(Arc<Partition>, Bytes)>>) -> Vec<Option<AppendResult>> {
+fn append_all(
+    state: &BrokerState,
+    jobs: Vec<Option<(Arc<Partition>, Bytes)>>,
+) -> Vec<Option<AppendResult>> {
     jobs.into_iter()
-        .map(|job| job.map(|(partition, records)| partition.append(records)))
+        .map(|job| job.map(|(partition, records)| state.txn.append(&partition, records)))
         .collect()
 }
 
