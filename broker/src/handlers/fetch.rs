@@ -1,7 +1,6 @@
 //! Fetch (v4..=12, sessionless): long poll until `min_bytes` are available or `max_wait_ms`
 //! passes, woken by appends; whole stored batches within the partition and response byte
-//! limits (the first batch always whole, KIP-74); empty partitions carry empty record bytes;
-//! read_committed fetches stop at the last stable offset and list aborted transactions.
+//! limits (the first batch always whole, KIP-74); empty partitions carry empty record bytes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,9 +18,6 @@ use crate::metrics;
 use crate::state::BrokerState;
 use crate::storage::ReadError;
 use crate::txn::CommittedReadError;
-
-/// Fetch `isolation_level` of read_committed consumers.
-pub const READ_COMMITTED: i8 = 1;
 
 /// Longest long poll honoured, whatever the client asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -111,7 +107,7 @@ fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, 
             }
             // onceflow-txn (broker-txn helper): read_committed stops at the LSO and lists the
             // aborted transactions overlapping the returned batches (from the index).
-            let read = if req.isolation_level == READ_COMMITTED {
+            let read = if req.isolation_level == 1 {
                 match state.txn.read_committed(&partition, p.fetch_offset, limit) {
                     Ok(r) => {
                         data = data
