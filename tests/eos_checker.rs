@@ -68,7 +68,10 @@ fn checker_finds_duplicates_losses_and_wrong_totals() {
     lost.remove(100);
     let r = check(&data, &lost, &dlq);
     assert_eq!(r.missing.len(), 1, "{r}");
-    assert!(!r.wrong_totals.is_empty() || !r.broken_chains.is_empty(), "{r}");
+    assert!(
+        !r.wrong_totals.is_empty() || !r.broken_chains.is_empty(),
+        "{r}"
+    );
     assert!(!r.nothing_lost());
 
     let mut wrong = output.clone();

@@ -53,7 +53,10 @@ fn kill_run(test: &str, mode: &str) -> KillRun {
     let mut checkpoints_completed = 0;
     while killed < kills || !producer.is_finished() {
         runs += 1;
-        assert!(runs <= kills * 4, "too many runs without reaching {kills} kills");
+        assert!(
+            runs <= kills * 4,
+            "too many runs without reaching {kills} kills"
+        );
         let mut job = spawn_job(&bootstrap, &args, &format!("{runs}"));
         let during_startup = rng.random_bool(0.25);
         if during_startup {
@@ -93,14 +96,7 @@ fn kill_run(test: &str, mode: &str) -> KillRun {
         checkpoints_completed > 0,
         "no run completed a checkpoint before its SIGKILL: the kills never hit a running job"
     );
-    let final_restarts = finish(
-        &bootstrap,
-        &args,
-        &data,
-        None,
-        Duration::from_secs(180),
-        0,
-    );
+    let final_restarts = finish(&bootstrap, &args, &data, None, Duration::from_secs(180), 0);
     let report = check_output(&bootstrap, &args, &data);
     let run = KillRun {
         report,

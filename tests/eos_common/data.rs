@@ -340,7 +340,11 @@ impl fmt::Display for Report {
         )?;
         writeln!(f, "  unparsable output: {}", first(&self.unparsable))?;
         writeln!(f, "  missing ids: {}", first(&self.missing))?;
-        writeln!(f, "  duplicated ids (id, count): {}", first(&self.duplicated))?;
+        writeln!(
+            f,
+            "  duplicated ids (id, count): {}",
+            first(&self.duplicated)
+        )?;
         writeln!(f, "  unexpected records: {}", first(&self.unexpected))?;
         writeln!(
             f,
@@ -348,7 +352,11 @@ impl fmt::Display for Report {
             first(&self.wrong_totals)
         )?;
         writeln!(f, "  broken running totals: {}", first(&self.broken_chains))?;
-        writeln!(f, "  keys on several partitions: {}", first(&self.split_keys))?;
+        writeln!(
+            f,
+            "  keys on several partitions: {}",
+            first(&self.split_keys)
+        )?;
         writeln!(f, "  dlq missing: {}", first(&self.dlq_missing))?;
         writeln!(f, "  dlq duplicated: {}", first(&self.dlq_duplicated))?;
         write!(f, "  dlq records without a marker: {}", self.dlq_unexpected)
@@ -424,11 +432,7 @@ pub fn check(data: &Dataset, output: &[Consumed], dlq: &[Consumed]) -> Report {
     let mut dlq_counts: HashMap<&str, usize> = HashMap::new();
     for c in dlq {
         let text = String::from_utf8_lossy(&c.value);
-        match data
-            .bad_markers
-            .iter()
-            .find(|m| text.contains(m.as_str()))
-        {
+        match data.bad_markers.iter().find(|m| text.contains(m.as_str())) {
             Some(m) => *dlq_counts.entry(m.as_str()).or_default() += 1,
             None => r.dlq_unexpected += 1,
         }

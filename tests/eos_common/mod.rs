@@ -120,7 +120,11 @@ impl Tail {
                 }
             } else {
                 let text = String::from_utf8_lossy(value);
-                if let Some(mk) = data.bad_markers.iter().find(|mk| text.contains(mk.as_str())) {
+                if let Some(mk) = data
+                    .bad_markers
+                    .iter()
+                    .find(|mk| text.contains(mk.as_str()))
+                {
                     self.markers.insert(mk.clone());
                 }
             }

@@ -116,9 +116,7 @@ impl Proc {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
         let lines = Arc::new(Lines::default());
         let stdout = child.stdout.take().expect("piped stdout");
         let reader_lines = Arc::clone(&lines);
@@ -407,7 +405,10 @@ pub fn spawn_job(bootstrap: &str, args: &JobArgs, run: &str) -> Proc {
 
 /// The largest N of stdout lines containing `checkpoint N committed`.
 pub fn last_committed(lines: &[String]) -> Option<u64> {
-    lines.iter().filter_map(|l| checkpoint_number(l, "committed")).max()
+    lines
+        .iter()
+        .filter_map(|l| checkpoint_number(l, "committed"))
+        .max()
 }
 
 /// N if `line` contains `checkpoint N <word>`.
