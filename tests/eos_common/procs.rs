@@ -18,17 +18,29 @@ pub struct Bins {
 }
 
 static BINS: OnceLock<Result<Bins, String>> = OnceLock::new();
+static BROKER_BIN: OnceLock<Result<Bins, String>> = OnceLock::new();
 
 /// Builds the broker binary and the example once per test process (same profile and target
 /// dir as this test executable) and returns their paths.
 pub fn bins() -> &'static Bins {
-    match BINS.get_or_init(build) {
+    match BINS.get_or_init(|| build(true)) {
         Ok(bins) => bins,
         Err(e) => panic!("{e}"),
     }
 }
 
-fn build() -> Result<Bins, String> {
+/// The broker binary (built once per test process; the example is built by [`bins`] only).
+pub fn broker_bin() -> &'static Path {
+    if let Some(Ok(bins)) = BINS.get() {
+        return &bins.broker;
+    }
+    match BROKER_BIN.get_or_init(|| build(false)) {
+        Ok(bins) => &bins.broker,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn build(with_example: bool) -> Result<Bins, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     // target/<profile>/deps/<test>-<hash>
     let profile_dir = exe
@@ -45,8 +57,11 @@ fn build() -> Result<Bins, String> {
         .unwrap_or("debug")
         .to_string();
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.args(["build", "--example", "exactly_once_etl", "-p", "onceflow"])
-        .args(["--bin", "onceflow-broker", "-p", "onceflow-broker"])
+    cmd.arg("build");
+    if with_example {
+        cmd.args(["--example", "exactly_once_etl", "-p", "onceflow"]);
+    }
+    cmd.args(["--bin", "onceflow-broker", "-p", "onceflow-broker"])
         .arg("--target-dir")
         .arg(target_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"));
@@ -71,16 +86,33 @@ fn build() -> Result<Bins, String> {
             tail(&stderr, 60)
         ));
     }
-    let bins = Bins {
-        broker: profile_dir.join("onceflow-broker"),
-        job: profile_dir.join("examples").join("exactly_once_etl"),
+    // The target dir is shared with other worktrees, whose builds replace the uplifted
+    // binaries; hard links taken right after this build keep this worktree's inodes.
+    let exe_name = exe
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("eos")
+        .to_string();
+    let private = profile_dir.join("eos-test-bins").join(exe_name);
+    std::fs::create_dir_all(&private).map_err(|e| format!("{}: {e}", private.display()))?;
+    let pin = |built: PathBuf, name: &str| -> Result<PathBuf, String> {
+        let link = private.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::fs::hard_link(&built, &link)
+            .or_else(|_| std::fs::copy(&built, &link).map(|_| ()))
+            .map_err(|e| format!("built binary {}: {e}", built.display()))?;
+        Ok(link)
     };
-    for p in [&bins.broker, &bins.job] {
-        if !p.exists() {
-            return Err(format!("built binary missing: {}", p.display()));
-        }
-    }
-    Ok(bins)
+    let broker = pin(profile_dir.join("onceflow-broker"), "onceflow-broker")?;
+    let job = if with_example {
+        pin(
+            profile_dir.join("examples").join("exactly_once_etl"),
+            "exactly_once_etl",
+        )?
+    } else {
+        PathBuf::new()
+    };
+    Ok(Bins { broker, job })
 }
 
 /// The last `n` lines of `s`.
@@ -277,7 +309,7 @@ impl Broker {
     }
 
     fn spawn_once(&mut self) -> Result<(), String> {
-        let mut cmd = Command::new(&bins().broker);
+        let mut cmd = Command::new(broker_bin());
         cmd.args(["--listen", &self.addr, "--data-dir"])
             .arg(&self.data_dir)
             .args(["--default-partitions", "4"])
