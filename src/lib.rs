@@ -11,6 +11,10 @@ pub use onceflow_runtime as runtime;
 /// Everything a typical job uses: the environment, configuration, operator traits and the
 /// built-in connectors.
 pub mod prelude {
+    pub use onceflow_connectors::kafka::{
+        DeliveryMode, KafkaMessage, KafkaSink, KafkaSinkConfig, KafkaSource, OffsetsLink,
+        SinkRecord,
+    };
     pub use onceflow_connectors::{CollectSink, FileSink, FileSinkMode, Generator, MemorySource};
     pub use onceflow_operators::{
         Connect, Filter, FlatMap, KeyBy, KeyedCoProcessFunction, KeyedContext,

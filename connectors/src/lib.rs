@@ -5,6 +5,7 @@ mod collect;
 mod discard;
 mod file;
 mod generator;
+pub mod kafka;
 mod memory;
 mod split;
 

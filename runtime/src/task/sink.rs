@@ -71,6 +71,13 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
             biased;
             r = progress.changed(), if progress_open => {
                 progress_open = r.is_ok();
+                // onceflow-kafka-connectors fix: `changed()` marks the value seen, so the
+                // `has_changed` check at the loop top never fired after this branch and
+                // commits waited until the end of the job. Commit here.
+                if progress_open {
+                    let p = *progress.borrow_and_update();
+                    let _ = commit_up_to(&mut sink, &mut pending, p.completed, &ctx).await;
+                }
                 continue;
             }
             ev = gate.next() => ev?,

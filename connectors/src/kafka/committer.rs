@@ -1,0 +1,248 @@
+//! A small raw Kafka client on the kafka-protocol crate over tokio: FindCoordinator + EndTxn,
+//! so recovery can finish a pre-committed transaction of a crashed producer with its
+//! (transactional id, producer id, epoch), which librdkafka cannot do; and DescribeConfigs
+//! to read the broker's `transaction.max.timeout.ms`.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::{
+    DescribeConfigsRequest, EndTxnRequest, FindCoordinatorRequest, ProducerId, RequestHeader,
+    ResponseHeader, TransactionalId,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{KafkaError, Result};
+
+const IO_TIMEOUT: Duration = Duration::from_secs(15);
+const MAX_FRAME: usize = 64 * 1024 * 1024;
+
+/// Kafka error codes the committer distinguishes.
+pub mod codes {
+    /// No error.
+    pub const NONE: i16 = 0;
+    /// The coordinator is loading.
+    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
+    /// The coordinator is not available.
+    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    /// This broker is not the coordinator.
+    pub const NOT_COORDINATOR: i16 = 16;
+    /// The producer's epoch is not the current one.
+    pub const INVALID_PRODUCER_EPOCH: i16 = 47;
+    /// The transaction is not in a state that allows the request.
+    pub const INVALID_TXN_STATE: i16 = 48;
+    /// The producer id does not belong to the transactional id.
+    pub const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
+    /// Another transaction operation is in progress.
+    pub const CONCURRENT_TRANSACTIONS: i16 = 51;
+    /// A newer producer with the same transactional id exists.
+    pub const PRODUCER_FENCED: i16 = 90;
+}
+
+/// One connection, one request at a time.
+pub struct RawClient {
+    stream: TcpStream,
+    correlation: i32,
+}
+
+impl RawClient {
+    /// Connects to `addr` (`HOST:PORT`).
+    pub async fn connect(addr: &str) -> Result<RawClient> {
+        let stream = tokio::time::timeout(IO_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| KafkaError::Protocol(format!("connect to {addr} timed out")))?
+            .map_err(|e| KafkaError::Protocol(format!("connect to {addr}: {e}")))?;
+        Ok(RawClient {
+            stream,
+            correlation: 0,
+        })
+    }
+
+    /// Sends `req` at `version` and decodes the answer.
+    pub async fn request<R: Request>(&mut self, req: &R, version: i16) -> Result<R::Response> {
+        self.correlation += 1;
+        let header = RequestHeader::default()
+            .with_request_api_key(R::KEY)
+            .with_request_api_version(version)
+            .with_correlation_id(self.correlation)
+            .with_client_id(Some(StrBytes::from_static_str("onceflow-committer")));
+        let mut body = BytesMut::new();
+        header
+            .encode(&mut body, R::header_version(version))
+            .map_err(|e| KafkaError::Protocol(format!("encode: {e}")))?;
+        req.encode(&mut body, version)
+            .map_err(|e| KafkaError::Protocol(format!("encode: {e}")))?;
+        let mut frame = BytesMut::with_capacity(body.len() + 4);
+        frame.put_i32(body.len() as i32);
+        frame.put_slice(&body);
+        let io = |e: std::io::Error| KafkaError::Protocol(format!("i/o: {e}"));
+        let exchange = async {
+            self.stream.write_all(&frame).await.map_err(io)?;
+            let mut len = [0u8; 4];
+            self.stream.read_exact(&mut len).await.map_err(io)?;
+            let n = i32::from_be_bytes(len);
+            if n < 0 || n as usize > MAX_FRAME {
+                return Err(KafkaError::Protocol(format!(
+                    "bad response frame length {n}"
+                )));
+            }
+            let mut buf = vec![0u8; n as usize];
+            self.stream.read_exact(&mut buf).await.map_err(io)?;
+            Ok(Bytes::from(buf))
+        };
+        let mut buf = tokio::time::timeout(IO_TIMEOUT, exchange)
+            .await
+            .map_err(|_| KafkaError::Protocol("request timed out".into()))??;
+        let h = ResponseHeader::decode(&mut buf, R::Response::header_version(version))
+            .map_err(|e| KafkaError::Protocol(format!("decode: {e}")))?;
+        if h.correlation_id != self.correlation {
+            return Err(KafkaError::Protocol(format!(
+                "correlation id {} does not match {}",
+                h.correlation_id, self.correlation
+            )));
+        }
+        let resp = R::Response::decode(&mut buf, version)
+            .map_err(|e| KafkaError::Protocol(format!("decode: {e}")))?;
+        if buf.has_remaining() {
+            return Err(KafkaError::Protocol("trailing bytes in response".into()));
+        }
+        Ok(resp)
+    }
+}
+
+fn first_bootstrap(bootstrap: &str) -> &str {
+    bootstrap.split(',').next().unwrap_or(bootstrap).trim()
+}
+
+/// Finds the transaction coordinator of `txn_id`: `HOST:PORT`, or the error code.
+pub async fn find_txn_coordinator(
+    bootstrap: &str,
+    txn_id: &str,
+) -> Result<std::result::Result<String, i16>> {
+    let mut c = RawClient::connect(first_bootstrap(bootstrap)).await?;
+    let fc = c
+        .request(
+            &FindCoordinatorRequest::default()
+                .with_key(StrBytes::from_string(txn_id.to_string()))
+                .with_key_type(1),
+            1,
+        )
+        .await?;
+    if fc.error_code != codes::NONE {
+        return Ok(Err(fc.error_code));
+    }
+    Ok(Ok(format!("{}:{}", fc.host.as_str(), fc.port)))
+}
+
+/// Sends EndTxn once (after FindCoordinator) and returns the error code.
+pub async fn end_txn_once(
+    bootstrap: &str,
+    txn_id: &str,
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+) -> Result<i16> {
+    let addr = match find_txn_coordinator(bootstrap, txn_id).await? {
+        Ok(a) => a,
+        Err(code) => return Ok(code),
+    };
+    let mut coord = RawClient::connect(&addr).await?;
+    let r = coord
+        .request(
+            &EndTxnRequest::default()
+                .with_transactional_id(TransactionalId(StrBytes::from_string(txn_id.to_string())))
+                .with_producer_id(ProducerId(producer_id))
+                .with_producer_epoch(epoch)
+                .with_committed(commit),
+            1,
+        )
+        .await?;
+    Ok(r.error_code)
+}
+
+/// How a recovery commit ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// The broker committed it now, or reports it committed before.
+    Committed,
+    /// The transaction was aborted, its epoch bumped (timeout or fencing) or its id expired:
+    /// the error code says which.
+    Lost(i16),
+}
+
+/// Commits the prepared transaction (transactional id, producer id, epoch), retrying
+/// coordinator and concurrency errors (and connection failures) until `patience` runs out.
+pub async fn commit_prepared(
+    bootstrap: &str,
+    txn_id: &str,
+    producer_id: i64,
+    epoch: i16,
+    patience: Duration,
+) -> Result<CommitOutcome> {
+    let deadline = Instant::now() + patience;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let attempt = end_txn_once(bootstrap, txn_id, producer_id, epoch, true).await;
+        let retry_reason = match attempt {
+            Ok(codes::NONE) => return Ok(CommitOutcome::Committed),
+            Ok(
+                c @ (codes::COORDINATOR_LOAD_IN_PROGRESS
+                | codes::COORDINATOR_NOT_AVAILABLE
+                | codes::NOT_COORDINATOR
+                | codes::CONCURRENT_TRANSACTIONS),
+            ) => format!("error code {c}"),
+            Ok(c) => return Ok(CommitOutcome::Lost(c)),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() + backoff > deadline {
+            return Err(KafkaError::Protocol(format!(
+                "EndTxn(commit) for {txn_id} (producer id {producer_id}, epoch {epoch}) did not succeed within {patience:?}: {retry_reason}"
+            )));
+        }
+        tracing::debug!(txn_id, reason = %retry_reason, "EndTxn retry");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// The broker's `transaction.max.timeout.ms` from DescribeConfigs, `None` if the broker does
+/// not report it.
+pub async fn broker_max_transaction_timeout(bootstrap: &str) -> Result<Option<Duration>> {
+    let mut c = RawClient::connect(first_bootstrap(bootstrap)).await?;
+    let key = "transaction.max.timeout.ms";
+    let mut resources = Vec::new();
+    for node in ["0", "1"] {
+        resources.push(
+            DescribeConfigsResource::default()
+                .with_resource_type(4)
+                .with_resource_name(StrBytes::from_static_str(node))
+                .with_configuration_keys(Some(vec![StrBytes::from_static_str(key)])),
+        );
+    }
+    let r = c
+        .request(
+            &DescribeConfigsRequest::default().with_resources(resources),
+            1,
+        )
+        .await?;
+    for res in &r.results {
+        if res.error_code != codes::NONE {
+            continue;
+        }
+        for cfg in &res.configs {
+            if cfg.name.as_str() == key {
+                if let Some(v) = cfg
+                    .value
+                    .as_ref()
+                    .and_then(|v| v.as_str().parse::<u64>().ok())
+                {
+                    return Ok(Some(Duration::from_millis(v)));
+                }
+            }
+        }
+    }
+    Ok(None)
+}

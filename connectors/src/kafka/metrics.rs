@@ -1,0 +1,21 @@
+//! Metric names of the Kafka connectors (Prometheus through the `metrics` facade).
+
+/// Histogram: seconds from commit request to commit done, label `mode`.
+pub const TXN_COMMIT_SECONDS: &str = "onceflow_kafka_txn_commit_seconds";
+/// Gauge: age in seconds of the oldest open (not yet committed) transaction, label `subtask`.
+pub const TXN_OPEN_AGE_SECONDS: &str = "onceflow_kafka_txn_open_age_seconds";
+/// Gauge: the configured transaction timeout in seconds (compare with the open age).
+pub const TXN_TIMEOUT_SECONDS: &str = "onceflow_kafka_txn_timeout_seconds";
+/// Histogram: records per committed transaction.
+pub const RECORDS_PER_TXN: &str = "onceflow_kafka_records_per_txn";
+/// Counter: fencing events (ids fenced at recovery, `kind=recovery`; this producer fenced,
+/// `kind=fenced`).
+pub const FENCING_EVENTS: &str = "onceflow_kafka_fencing_events_total";
+/// Counter: transactions committed at recovery with the raw committer.
+pub const RECOVERY_COMMITS: &str = "onceflow_kafka_recovery_commits_total";
+/// Gauge: consumer lag (high watermark - position) per partition, labels `topic`, `partition`.
+pub const CONSUMER_LAG: &str = "onceflow_kafka_consumer_lag";
+/// Counter: records produced, label `mode`.
+pub const RECORDS_PRODUCED: &str = "onceflow_kafka_records_produced_total";
+/// Counter: records consumed, label `topic`.
+pub const RECORDS_CONSUMED: &str = "onceflow_kafka_records_consumed_total";

@@ -1,0 +1,62 @@
+//! Kafka connectors: a read_committed [`KafkaSource`] and a [`KafkaSink`] with four delivery
+//! modes (see [`DeliveryMode`] and docs/KAFKA.md): checkpoint-aligned two-phase commit,
+//! transactional offsets (Kafka Streams' EOS v2 model), at-least-once and none.
+
+pub mod committer;
+pub mod config;
+pub mod json;
+pub mod metrics;
+pub mod sink;
+pub mod source;
+
+pub use config::{validate_transaction_timeout, DeliveryMode, KafkaSinkConfig};
+pub use json::{Decoder, KafkaMessage};
+pub use sink::{
+    committed_checkpoint, KafkaPending, KafkaSink, KafkaSinkWriter, OffsetsLink, SinkRecord,
+    WriterKind,
+};
+pub use source::{KafkaPosition, KafkaSource, KafkaSourceReader};
+
+/// Errors of the Kafka connectors.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// Invalid configuration; the message says what to change.
+    #[error("invalid Kafka connector configuration: {0}")]
+    Config(String),
+    /// librdkafka reported an error.
+    #[error("kafka client error while {context}: {source}")]
+    Client {
+        /// What the connector was doing.
+        context: String,
+        /// The librdkafka error.
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+    /// A protocol-level error from the raw committer.
+    #[error("kafka protocol error: {0}")]
+    Protocol(String),
+    /// A pre-committed transaction of a complete checkpoint can no longer be committed.
+    #[error("DATA LOSS: {0}")]
+    DataLoss(String),
+    /// The producer was fenced by another instance using the same transactional id.
+    #[error("fenced: {0}")]
+    Fenced(String),
+}
+
+/// Result type of the Kafka connectors.
+pub type Result<T> = std::result::Result<T, KafkaError>;
+
+impl KafkaError {
+    pub(crate) fn client(context: impl Into<String>, source: rdkafka::error::KafkaError) -> Self {
+        KafkaError::Client {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<KafkaError> for onceflow_runtime::Error {
+    fn from(e: KafkaError) -> Self {
+        onceflow_runtime::Error::Connector(e.to_string())
+    }
+}

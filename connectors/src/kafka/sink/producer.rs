@@ -1,0 +1,173 @@
+//! The rdkafka producer shared by every sink mode: a context that learns the producer id and
+//! epoch from librdkafka's statistics (`eos` object) and records delivery errors; sending
+//! with back-off on a full queue; draining delivery reports by polling (never flush's 100 ms
+//! steps); blocking calls moved off the async workers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError as RdError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Statistics};
+
+use super::super::config::KafkaSinkConfig;
+use super::super::{KafkaError, Result};
+use super::SinkRecord;
+
+/// State the producer's callbacks fill in.
+#[derive(Default)]
+pub struct ProdCtx {
+    /// (producer id, epoch) from the last statistics with an `eos` object.
+    pub eos: Mutex<Option<(i64, i16)>>,
+    /// First delivery error since the last check.
+    pub delivery_error: Mutex<Option<String>>,
+}
+
+/// Context handle (shared with the sink).
+#[derive(Clone, Default)]
+pub struct Ctx(pub Arc<ProdCtx>);
+
+impl ClientContext for Ctx {
+    fn stats(&self, stats: Statistics) {
+        if let Some(eos) = stats.eos {
+            if eos.producer_id >= 0 && eos.producer_epoch >= 0 {
+                *self.0.eos.lock() = Some((eos.producer_id, eos.producer_epoch as i16));
+            }
+        }
+    }
+}
+
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            let mut slot = self.0.delivery_error.lock();
+            if slot.is_none() {
+                *slot = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// The producer type of the sink.
+pub type Prod = BaseProducer<Ctx>;
+
+/// Creates a producer: transactional when `txn_id` is set, idempotent when `idempotent`.
+pub fn create(
+    cfg: &KafkaSinkConfig,
+    txn_id: Option<&str>,
+    idempotent: bool,
+) -> Result<(Arc<Prod>, Ctx)> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.brokers)
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "120000")
+        .set("statistics.interval.ms", "100");
+    if let Some(id) = txn_id {
+        let t = cfg.transaction_timeout.as_millis().to_string();
+        c.set("transactional.id", id)
+            .set("transaction.timeout.ms", &t)
+            .set("message.timeout.ms", &t);
+    } else if idempotent {
+        c.set("enable.idempotence", "true");
+    } else {
+        c.set("acks", "1").set("statistics.interval.ms", "0");
+    }
+    for (k, v) in &cfg.producer_properties {
+        c.set(k, v);
+    }
+    let ctx = Ctx::default();
+    let p: Prod = c
+        .create_with_context(ctx.clone())
+        .map_err(|e| KafkaError::client("creating the producer", e))?;
+    Ok((Arc::new(p), ctx))
+}
+
+/// Runs a blocking closure on tokio's blocking pool.
+pub async fn blocking<R: Send + 'static>(
+    f: impl FnOnce() -> R + Send + 'static,
+) -> onceflow_runtime::Result<R> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        onceflow_runtime::Error::Internal(format!("blocking kafka call panicked: {e}"))
+    })
+}
+
+/// Sends one record, polling while the local queue is full.
+pub fn send(p: &Prod, default_topic: &str, r: &SinkRecord) -> Result<()> {
+    let topic = r.topic.as_deref().unwrap_or(default_topic);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&r.value[..]);
+        if let Some(k) = &r.key {
+            rec = rec.key(&k[..]);
+        }
+        if let Some(ts) = r.timestamp_ms {
+            rec = rec.timestamp(ts);
+        }
+        match p.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
+                if Instant::now() < deadline =>
+            {
+                p.poll(Duration::from_millis(5));
+            }
+            Err((e, _)) => return Err(KafkaError::client(format!("producing to {topic}"), e)),
+        }
+    }
+}
+
+/// Serves delivery reports until nothing is in flight (or `timeout`).
+pub fn drain(p: &Prod, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        p.poll(Duration::ZERO);
+        if p.in_flight_count() == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(KafkaError::Protocol(format!(
+                "{} records still in flight after {timeout:?}",
+                p.in_flight_count()
+            )));
+        }
+        p.poll(Duration::from_millis(1));
+    }
+}
+
+/// Takes the first delivery error since the last call.
+pub fn take_delivery_error(ctx: &Ctx) -> Option<String> {
+    ctx.0.delivery_error.lock().take()
+}
+
+/// init_transactions, then waits until the statistics report the producer id and epoch.
+pub fn init_and_learn(p: &Prod, ctx: &Ctx, timeout: Duration) -> Result<(i64, i16)> {
+    *ctx.0.eos.lock() = None;
+    p.init_transactions(timeout)
+        .map_err(|e| KafkaError::client("init_transactions", e))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        p.poll(Duration::from_millis(20));
+        if let Some(v) = *ctx.0.eos.lock() {
+            return Ok(v);
+        }
+        if Instant::now() >= deadline {
+            return Err(KafkaError::Protocol(
+                "librdkafka statistics did not report the producer id and epoch (statistics.interval.ms)".into(),
+            ));
+        }
+    }
+}
+
+/// Whether a transactional error means this producer was fenced by a newer one.
+pub fn is_fenced(e: &RdError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Fenced
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+        )
+    )
+}

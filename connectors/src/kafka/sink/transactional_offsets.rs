@@ -1,0 +1,357 @@
+//! Transactional offsets (Kafka Streams' EOS v2 model, Kafka -> Kafka): one transactional
+//! producer (`{prefix}-offsets`) per job instance, shared by its sink subtasks. Sink subtasks
+//! write live into the open transaction until their barrier n; after it they buffer. When
+//! checkpoint n is complete (its operator state durable), the first sink subtask to hear of it
+//! sends the source positions at barrier n with send_offsets_to_transaction (group metadata
+//! included, each partition's metadata `onceflow-chk=n`) and commits: output and input
+//! progress commit together. Then buffered records go into the next transaction.
+//! On recovery [`committed_checkpoint`] names the checkpoint whose positions the group
+//! committed (restore exactly that one); init_transactions fences the previous instance and
+//! aborts its open transaction.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use onceflow_runtime::{CheckpointId, SubtaskInfo};
+use parking_lot::Mutex;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
+use rdkafka::producer::Producer;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::super::config::KafkaSinkConfig;
+use super::super::source::KafkaPosition;
+use super::super::{metrics as m, KafkaError};
+use super::producer::{self, blocking, Ctx, Prod};
+use super::{KafkaPending, KafkaSink, SinkRecord};
+
+const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+const CHK_META_PREFIX: &str = "onceflow-chk=";
+
+#[derive(Default)]
+struct LinkState {
+    source_parallelism: usize,
+    group_metadata: Option<Arc<ConsumerGroupMetadata>>,
+    positions: BTreeMap<CheckpointId, BTreeMap<usize, KafkaPosition>>,
+}
+
+struct Instance {
+    producer: Arc<Prod>,
+    ctx: Ctx,
+    committed: CheckpointId,
+    sealed: Vec<Option<CheckpointId>>,
+    segments: BTreeMap<CheckpointId, Vec<SinkRecord>>,
+    records_in_txn: u64,
+    since: Instant,
+}
+
+struct LinkInner {
+    state: Mutex<LinkState>,
+    instance: tokio::sync::Mutex<Option<Instance>>,
+}
+
+/// Shared by the source and the sink of one job instance in transactional-offsets mode.
+#[derive(Clone)]
+pub struct OffsetsLink(Arc<LinkInner>);
+
+impl Default for OffsetsLink {
+    fn default() -> Self {
+        OffsetsLink(Arc::new(LinkInner {
+            state: Mutex::new(LinkState::default()),
+            instance: tokio::sync::Mutex::new(None),
+        }))
+    }
+}
+
+impl OffsetsLink {
+    /// A new link.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn register_source(&self, parallelism: usize, gm: Option<ConsumerGroupMetadata>) {
+        let mut s = self.0.state.lock();
+        s.source_parallelism = parallelism;
+        if s.group_metadata.is_none() {
+            s.group_metadata = gm.map(Arc::new);
+        }
+    }
+
+    pub(crate) fn record_positions(
+        &self,
+        checkpoint: CheckpointId,
+        subtask: usize,
+        pos: &KafkaPosition,
+    ) {
+        self.0
+            .state
+            .lock()
+            .positions
+            .entry(checkpoint)
+            .or_default()
+            .insert(subtask, pos.clone());
+    }
+}
+
+/// One transactional-offsets sink subtask.
+pub struct OffsetsWriter {
+    cfg: KafkaSinkConfig,
+    link: OffsetsLink,
+    subtask: usize,
+    parallelism: usize,
+}
+
+impl OffsetsWriter {
+    pub(crate) fn new(sink: &KafkaSink, info: &SubtaskInfo, link: OffsetsLink) -> Self {
+        metrics::gauge!(m::TXN_TIMEOUT_SECONDS).set(sink.cfg.transaction_timeout.as_secs_f64());
+        OffsetsWriter {
+            cfg: sink.cfg.clone(),
+            link,
+            subtask: info.index,
+            parallelism: info.parallelism,
+        }
+    }
+
+    /// The first subtask creates the instance's producer (fencing the previous instance).
+    pub(crate) async fn recover(&mut self) -> onceflow_runtime::Result<()> {
+        let mut inst = self.link.0.instance.lock().await;
+        if inst.is_some() {
+            return Ok(());
+        }
+        let cfg = self.cfg.clone();
+        let id = format!("{}-offsets", cfg.transactional_id_prefix);
+        let (p, ctx) = blocking(move || -> super::super::Result<_> {
+            let (p, ctx) = producer::create(&cfg, Some(&id), false)?;
+            p.init_transactions(TXN_CALL_TIMEOUT)
+                .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
+            p.begin_transaction()
+                .map_err(|e| KafkaError::client("begin_transaction", e))?;
+            Ok((p, ctx))
+        })
+        .await??;
+        metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
+        *inst = Some(Instance {
+            producer: p,
+            ctx,
+            committed: 0,
+            sealed: vec![None; self.parallelism],
+            segments: BTreeMap::new(),
+            records_in_txn: 0,
+            since: Instant::now(),
+        });
+        Ok(())
+    }
+
+    pub(crate) async fn write_batch(
+        &mut self,
+        records: Vec<SinkRecord>,
+    ) -> onceflow_runtime::Result<()> {
+        let mut guard = self.link.0.instance.lock().await;
+        let inst = guard.as_mut().ok_or_else(|| {
+            onceflow_runtime::Error::Internal("offsets sink not recovered".into())
+        })?;
+        match inst.sealed.get(self.subtask).copied().flatten() {
+            Some(c) if c > inst.committed => {
+                inst.segments.entry(c).or_default().extend(records);
+            }
+            _ => {
+                for r in &records {
+                    producer::send(&inst.producer, &self.cfg.default_topic, r)?;
+                }
+                inst.records_in_txn += records.len() as u64;
+                inst.producer.poll(Duration::ZERO);
+                metrics::counter!(m::RECORDS_PRODUCED, "mode" => "transactional-offsets")
+                    .increment(records.len() as u64);
+                metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => "instance")
+                    .set(inst.since.elapsed().as_secs_f64());
+            }
+        }
+        if let Some(e) = producer::take_delivery_error(&inst.ctx) {
+            return Err(KafkaError::Protocol(format!("delivery failed: {e}")).into());
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn pre_commit(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> onceflow_runtime::Result<KafkaPending> {
+        let mut guard = self.link.0.instance.lock().await;
+        let inst = guard.as_mut().ok_or_else(|| {
+            onceflow_runtime::Error::Internal("offsets sink not recovered".into())
+        })?;
+        if let Some(s) = inst.sealed.get_mut(self.subtask) {
+            *s = Some(checkpoint);
+        }
+        Ok(KafkaPending::Offsets { checkpoint })
+    }
+
+    pub(crate) async fn commit(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> onceflow_runtime::Result<()> {
+        let mut guard = self.link.0.instance.lock().await;
+        let inst = guard.as_mut().ok_or_else(|| {
+            onceflow_runtime::Error::Internal("offsets sink not recovered".into())
+        })?;
+        if inst.committed >= checkpoint {
+            return Ok(());
+        }
+        // offsets at barrier `checkpoint` of every source subtask
+        let (offsets, gm) = {
+            let st = self.link.0.state.lock();
+            let Some(by_subtask) = st.positions.get(&checkpoint) else {
+                return Err(KafkaError::Protocol(format!("no source positions recorded for checkpoint {checkpoint} (is the KafkaSource in transactional-offsets mode with the same link?)")).into());
+            };
+            if by_subtask.len() < st.source_parallelism {
+                return Err(KafkaError::Protocol(format!(
+                    "source positions of checkpoint {checkpoint} are incomplete ({} of {} subtasks)",
+                    by_subtask.len(),
+                    st.source_parallelism
+                ))
+                .into());
+            }
+            let Some(gm) = st.group_metadata.clone() else {
+                return Err(
+                    KafkaError::Config("the source has no consumer group metadata".into()).into(),
+                );
+            };
+            (by_subtask.values().cloned().collect::<Vec<_>>(), gm)
+        };
+        let mut tpl = TopicPartitionList::new();
+        for pos in &offsets {
+            for (p, o) in &pos.offsets {
+                let mut e = tpl
+                    .add_partition_offset(&pos.topic, *p, Offset::Offset(*o))
+                    .map(|_| ())
+                    .map_err(|e| KafkaError::client("building offsets", e));
+                if e.is_ok() {
+                    if let Some(mut el) = tpl.find_partition(&pos.topic, *p) {
+                        el.set_metadata(format!("{CHK_META_PREFIX}{checkpoint}"));
+                    }
+                    e = Ok(());
+                }
+                e?;
+            }
+        }
+        // records after earlier (failed) barriers belong before this commit
+        let earlier: Vec<CheckpointId> =
+            inst.segments.range(..checkpoint).map(|(c, _)| *c).collect();
+        for c in earlier {
+            if let Some(recs) = inst.segments.remove(&c) {
+                for r in &recs {
+                    producer::send(&inst.producer, &self.cfg.default_topic, r)?;
+                }
+                inst.records_in_txn += recs.len() as u64;
+            }
+        }
+        let p = inst.producer.clone();
+        let t0 = Instant::now();
+        let r = blocking(move || -> std::result::Result<(), (bool, String)> {
+            producer::drain(&p, TXN_CALL_TIMEOUT).map_err(|e| (false, e.to_string()))?;
+            p.send_offsets_to_transaction(&tpl, &gm, TXN_CALL_TIMEOUT)
+                .map_err(|e| {
+                    (
+                        producer::is_fenced(&e),
+                        format!("send_offsets_to_transaction: {e}"),
+                    )
+                })?;
+            p.commit_transaction(TXN_CALL_TIMEOUT)
+                .map_err(|e| (producer::is_fenced(&e), format!("commit_transaction: {e}")))?;
+            p.begin_transaction()
+                .map_err(|e| (producer::is_fenced(&e), format!("begin_transaction: {e}")))
+        })
+        .await?;
+        if let Err((fenced, msg)) = r {
+            if fenced {
+                metrics::counter!(m::FENCING_EVENTS, "kind" => "fenced").increment(1);
+                return Err(KafkaError::Fenced(format!("checkpoint {checkpoint}: {msg}: another instance with the same transactional id prefix took over")).into());
+            }
+            // the transaction cannot be trusted any more: fail the job, recovery replays
+            return Err(KafkaError::DataLoss(format!(
+                "transactional-offsets commit of checkpoint {checkpoint} failed: {msg}; the job restarts from the group's committed offsets"
+            ))
+            .into());
+        }
+        metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "transactional-offsets")
+            .record(t0.elapsed().as_secs_f64());
+        metrics::histogram!(m::RECORDS_PER_TXN).record(inst.records_in_txn as f64);
+        inst.committed = checkpoint;
+        inst.records_in_txn = 0;
+        inst.since = Instant::now();
+        for s in inst.sealed.iter_mut() {
+            if s.is_some_and(|c| c <= checkpoint) {
+                *s = None;
+            }
+        }
+        let later: Vec<CheckpointId> = inst.segments.keys().copied().collect();
+        for c in later {
+            if let Some(recs) = inst.segments.remove(&c) {
+                for r in &recs {
+                    producer::send(&inst.producer, &self.cfg.default_topic, r)?;
+                }
+                inst.records_in_txn += recs.len() as u64;
+                if c > checkpoint {
+                    // a subtask already past a later barrier keeps buffering what comes next
+                    tracing::debug!(checkpoint = c, "records of a later barrier sent early");
+                }
+            }
+        }
+        self.link
+            .0
+            .state
+            .lock()
+            .positions
+            .retain(|c, _| *c > checkpoint);
+        tracing::debug!(checkpoint, "transactional-offsets commit");
+        Ok(())
+    }
+}
+
+/// The checkpoint whose source positions the consumer group `group` committed for `topic`
+/// (from the offsets' metadata), `None` if the group has no committed offsets.
+pub fn committed_checkpoint(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+) -> super::super::Result<Option<CheckpointId>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .map_err(|e| KafkaError::client("creating a consumer", e))?;
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(30))
+        .map_err(|e| KafkaError::client("metadata", e))?;
+    let mut tpl = TopicPartitionList::new();
+    for t in md.topics().iter().filter(|t| t.name() == topic) {
+        for p in t.partitions() {
+            tpl.add_partition(topic, p.id());
+        }
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(30))
+        .map_err(|e| KafkaError::client("reading committed offsets", e))?;
+    let mut found: Option<CheckpointId> = None;
+    for e in committed.elements() {
+        if !matches!(e.offset(), Offset::Offset(_)) {
+            continue;
+        }
+        let Some(c) = e
+            .metadata()
+            .strip_prefix(CHK_META_PREFIX)
+            .and_then(|v| v.parse::<CheckpointId>().ok())
+        else {
+            return Err(KafkaError::Config(format!(
+                "group {group} has an offset for {topic}/{} without onceflow checkpoint metadata (`{}`): it was committed by another application; use another group",
+                e.partition(),
+                e.metadata()
+            )));
+        };
+        found = Some(found.map_or(c, |f| f.max(c)));
+    }
+    Ok(found)
+}

@@ -1,0 +1,498 @@
+//! Two-phase commit: one transaction per sink subtask per checkpoint on a ring of
+//! transactional ids `{prefix}-{subtask}-{slot}`.
+//!
+//! pre_commit(n) drains delivery reports, records (transactional id, producer id, epoch) and
+//! begins the next transaction on a free slot; commit(n) commits on the live producer.
+//! A slot whose transaction was committed at completion k is reused (same epoch) only after
+//! a later checkpoint completed: until then the latest complete checkpoint may still name
+//! that transaction, and a recovery EndTxn with the same epoch would commit the slot's new
+//! open transaction. Hence at least 3 slots (open, pre-committed, committed-but-named); the
+//! ring grows when checkpoints fail and the size is recorded in every pending.
+//! recover(pending) commits the restored checkpoint's transactions with the raw committer
+//! (aborted or fenced = data loss, the job fails naming the checkpoint), then fences every
+//! other id of the previous and current ring with init_transactions.
+
+use std::time::{Duration, Instant};
+
+use onceflow_runtime::{CheckpointId, SubtaskInfo};
+use rdkafka::producer::Producer;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+use super::super::committer::{self, CommitOutcome};
+use super::super::config::KafkaSinkConfig;
+use super::super::{metrics as m, KafkaError};
+use super::producer::{self, blocking, Ctx, Prod};
+use super::{KafkaPending, KafkaSink, SinkRecord};
+
+const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Extra slots fenced beyond the recorded ring (growth after the last complete checkpoint).
+const FENCE_MARGIN: usize = 2;
+
+/// A pre-committed transaction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnHandle {
+    /// transactional.id.
+    pub transactional_id: String,
+    /// Producer id.
+    pub producer_id: i64,
+    /// Producer epoch.
+    pub epoch: i16,
+    /// Records in the transaction.
+    pub records: u64,
+}
+
+/// What checkpoint n stores for one two-phase-commit sink subtask.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TwoPhasePending {
+    /// The checkpoint.
+    pub checkpoint: CheckpointId,
+    /// Subtask that pre-committed.
+    pub subtask: usize,
+    /// Sink parallelism of that run.
+    pub parallelism: usize,
+    /// Ring size of that subtask at pre-commit.
+    pub ring_slots: usize,
+    /// The transaction, `None` if nothing was written since the previous checkpoint.
+    pub txn: Option<TxnHandle>,
+}
+
+enum SlotState {
+    /// Never used by this run.
+    Fresh,
+    /// Holds the open transaction.
+    Open { since: Instant, records: u64 },
+    /// Pre-committed at this checkpoint.
+    Sealed {
+        checkpoint: CheckpointId,
+        handle: TxnHandle,
+        since: Instant,
+    },
+    /// Committed when checkpoint `at` completed (reusable after a later completion).
+    Committed { at: CheckpointId },
+    /// Aborted (reusable).
+    Aborted,
+}
+
+struct Slot {
+    id: String,
+    producer: Option<(Arc<Prod>, Ctx, (i64, i16))>,
+    state: SlotState,
+}
+
+/// One two-phase-commit sink subtask.
+pub struct TwoPhaseWriter {
+    cfg: KafkaSinkConfig,
+    subtask: usize,
+    parallelism: usize,
+    restored: CheckpointId,
+    slots: Vec<Slot>,
+    current: Option<usize>,
+    completed: CheckpointId,
+    fatal: Option<String>,
+    recovered_ids: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
+}
+
+fn txn_id(prefix: &str, subtask: usize, slot: usize) -> String {
+    format!("{prefix}-{subtask}-{slot}")
+}
+
+impl TwoPhaseWriter {
+    pub(crate) fn new(sink: &KafkaSink, info: &SubtaskInfo) -> Self {
+        let slots = (0..sink.cfg.ring_slots)
+            .map(|s| Slot {
+                id: txn_id(&sink.cfg.transactional_id_prefix, info.index, s),
+                producer: None,
+                state: SlotState::Fresh,
+            })
+            .collect();
+        metrics::gauge!(m::TXN_TIMEOUT_SECONDS).set(sink.cfg.transaction_timeout.as_secs_f64());
+        TwoPhaseWriter {
+            cfg: sink.cfg.clone(),
+            subtask: info.index,
+            parallelism: info.parallelism,
+            restored: info.restored_checkpoint,
+            slots,
+            current: None,
+            completed: info.restored_checkpoint,
+            fatal: None,
+            recovered_ids: sink.recovered_ids.clone(),
+        }
+    }
+
+    fn check_fatal(&self) -> onceflow_runtime::Result<()> {
+        match &self.fatal {
+            Some(f) => Err(KafkaError::Fenced(f.clone()).into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Commits the restored checkpoint's transactions, then fences the previous ring.
+    pub(crate) async fn recover(
+        &mut self,
+        pending: Vec<KafkaPending>,
+    ) -> onceflow_runtime::Result<()> {
+        if self.subtask == 0 {
+            let mut old_parallelism = 0;
+            let mut old_ring = 0;
+            let mut committed = std::collections::HashSet::new();
+            for p in &pending {
+                let KafkaPending::TwoPhase(p) = p else {
+                    return Err(KafkaError::Config(format!(
+                        "the restored checkpoint {} was written by a Kafka sink in another delivery mode; start with a fresh checkpoint directory to change modes",
+                        self.restored
+                    ))
+                    .into());
+                };
+                old_parallelism = old_parallelism.max(p.parallelism);
+                old_ring = old_ring.max(p.ring_slots);
+                let Some(t) = &p.txn else { continue };
+                let t0 = Instant::now();
+                let outcome = committer::commit_prepared(
+                    &self.cfg.brokers,
+                    &t.transactional_id,
+                    t.producer_id,
+                    t.epoch,
+                    self.cfg.recovery_allowance.max(Duration::from_secs(10)),
+                )
+                .await?;
+                match outcome {
+                    CommitOutcome::Committed => {
+                        metrics::counter!(m::RECOVERY_COMMITS).increment(1);
+                        metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "recovery")
+                            .record(t0.elapsed().as_secs_f64());
+                        tracing::info!(checkpoint = p.checkpoint, restored = self.restored, transactional_id = %t.transactional_id, producer_id = t.producer_id, epoch = t.epoch, records = t.records, "recovery committed a pre-committed transaction");
+                        committed.insert(t.transactional_id.clone());
+                    }
+                    CommitOutcome::Lost(code) => {
+                        let why = match code {
+                            committer::codes::INVALID_TXN_STATE => "it was aborted",
+                            committer::codes::PRODUCER_FENCED | committer::codes::INVALID_PRODUCER_EPOCH => {
+                                "its epoch was bumped (transaction timeout or another producer with this id)"
+                            }
+                            committer::codes::INVALID_PRODUCER_ID_MAPPING => "the broker no longer knows its producer id (expired)",
+                            _ => "the broker refused the commit",
+                        };
+                        return Err(KafkaError::DataLoss(format!(
+                            "transaction {} (producer id {}, epoch {}, {} records) of complete checkpoint {} (restored checkpoint {}) cannot be committed: {why} (Kafka error code {code}); its output is lost. Raise transaction.timeout.ms or restart faster",
+                            t.transactional_id, t.producer_id, t.epoch, t.records, p.checkpoint, self.restored
+                        ))
+                        .into());
+                    }
+                }
+            }
+            // fence every other id of the previous ring and of the current one
+            let mut ids = std::collections::BTreeSet::new();
+            let prev_ring = if old_ring == 0 {
+                self.cfg.ring_slots
+            } else {
+                old_ring
+            };
+            let prev_par = if old_parallelism == 0 {
+                self.parallelism
+            } else {
+                old_parallelism
+            };
+            for s in 0..prev_par {
+                for slot in 0..prev_ring + FENCE_MARGIN {
+                    ids.insert(txn_id(&self.cfg.transactional_id_prefix, s, slot));
+                }
+            }
+            for s in 0..self.parallelism {
+                for slot in 0..self.cfg.ring_slots {
+                    ids.insert(txn_id(&self.cfg.transactional_id_prefix, s, slot));
+                }
+            }
+            for id in ids.into_iter().filter(|i| !committed.contains(i)) {
+                let cfg = self.cfg.clone();
+                let idc = id.clone();
+                blocking(move || -> super::super::Result<()> {
+                    let (p, _ctx) = producer::create(&cfg, Some(&idc), false)?;
+                    p.init_transactions(TXN_CALL_TIMEOUT)
+                        .map_err(|e| KafkaError::client(format!("fencing {idc}"), e))
+                })
+                .await??;
+                metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
+                tracing::debug!(transactional_id = %id, "fenced and aborted");
+            }
+            *self.recovered_ids.lock() = committed;
+        }
+        // slots committed by recovery stay untouched until a checkpoint of this run completes
+        let avoid = self.recovered_ids.lock().clone();
+        for s in &mut self.slots {
+            if avoid.contains(&s.id) {
+                s.state = SlotState::Committed { at: self.restored };
+            }
+        }
+        let next = self.free_slot();
+        self.open(next).await
+    }
+
+    /// A slot to open the next transaction on (grows the ring if none is free).
+    fn free_slot(&mut self) -> usize {
+        for (i, s) in self.slots.iter().enumerate() {
+            match s.state {
+                SlotState::Fresh | SlotState::Aborted => return i,
+                SlotState::Committed { at } if at < self.completed => return i,
+                _ => {}
+            }
+        }
+        let i = self.slots.len();
+        tracing::warn!(subtask = self.subtask, slots = i + 1, "no free transactional id (failed checkpoints keep transactions pending): growing the ring");
+        self.slots.push(Slot {
+            id: txn_id(&self.cfg.transactional_id_prefix, self.subtask, i),
+            producer: None,
+            state: SlotState::Fresh,
+        });
+        i
+    }
+
+    async fn open(&mut self, i: usize) -> onceflow_runtime::Result<()> {
+        let slot = &mut self.slots[i];
+        if slot.producer.is_none() {
+            let cfg = self.cfg.clone();
+            let id = slot.id.clone();
+            let made = blocking(move || -> super::super::Result<_> {
+                let (p, ctx) = producer::create(&cfg, Some(&id), false)?;
+                let ids = producer::init_and_learn(&p, &ctx, TXN_CALL_TIMEOUT)?;
+                Ok((p, ctx, ids))
+            })
+            .await??;
+            tracing::debug!(transactional_id = %slot.id, producer_id = made.2 .0, epoch = made.2 .1, "transactional producer ready");
+            slot.producer = Some(made);
+        }
+        let Some((p, _, _)) = &slot.producer else {
+            return Err(onceflow_runtime::Error::Internal(
+                "slot without producer".into(),
+            ));
+        };
+        p.begin_transaction()
+            .map_err(|e| KafkaError::client(format!("begin_transaction on {}", slot.id), e))?;
+        slot.state = SlotState::Open {
+            since: Instant::now(),
+            records: 0,
+        };
+        self.current = Some(i);
+        Ok(())
+    }
+
+    pub(crate) async fn write_batch(
+        &mut self,
+        records: Vec<SinkRecord>,
+    ) -> onceflow_runtime::Result<()> {
+        self.check_fatal()?;
+        let Some(i) = self.current else {
+            return Err(onceflow_runtime::Error::Internal(
+                "kafka sink has no open transaction".into(),
+            ));
+        };
+        let slot = &mut self.slots[i];
+        let (Some((p, ctx, _)), SlotState::Open { records: n, since }) =
+            (&slot.producer, &mut slot.state)
+        else {
+            return Err(onceflow_runtime::Error::Internal(
+                "current slot is not open".into(),
+            ));
+        };
+        for r in &records {
+            producer::send(p, &self.cfg.default_topic, r)?;
+        }
+        *n += records.len() as u64;
+        p.poll(Duration::ZERO);
+        metrics::counter!(m::RECORDS_PRODUCED, "mode" => "two-phase-commit")
+            .increment(records.len() as u64);
+        metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
+            .set(since.elapsed().as_secs_f64());
+        if let Some(e) = producer::take_delivery_error(ctx) {
+            let msg = format!("delivery failed in transaction {}: {e}", slot.id);
+            self.fatal = Some(msg.clone());
+            return Err(KafkaError::Protocol(msg).into());
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn pre_commit(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> onceflow_runtime::Result<KafkaPending> {
+        self.check_fatal()?;
+        // retry commits of complete checkpoints that failed before
+        self.retry_commits().await?;
+        let (subtask, parallelism) = (self.subtask, self.parallelism);
+        let pending = move |txn, ring| {
+            KafkaPending::TwoPhase(TwoPhasePending {
+                checkpoint,
+                subtask,
+                parallelism,
+                ring_slots: ring,
+                txn,
+            })
+        };
+        let Some(i) = self.current else {
+            return Err(onceflow_runtime::Error::Internal(
+                "kafka sink has no open transaction".into(),
+            ));
+        };
+        let records = match self.slots[i].state {
+            SlotState::Open { records, .. } => records,
+            _ => 0,
+        };
+        if records == 0 {
+            return Ok(pending(None, self.slots.len()));
+        }
+        let slot = &mut self.slots[i];
+        let Some((p, ctx, ids)) = slot.producer.clone() else {
+            return Err(onceflow_runtime::Error::Internal(
+                "open slot without producer".into(),
+            ));
+        };
+        let p2 = p.clone();
+        blocking(move || producer::drain(&p2, TXN_CALL_TIMEOUT)).await??;
+        if let Some(e) = producer::take_delivery_error(&ctx) {
+            let msg = format!("delivery failed in transaction {}: {e}", slot.id);
+            self.fatal = Some(msg.clone());
+            return Err(KafkaError::Protocol(msg).into());
+        }
+        // the statistics may have seen an epoch bump since init (KIP-360 recovery)
+        let (pid, epoch) = (*ctx.0.eos.lock()).unwrap_or(ids);
+        let since = match slot.state {
+            SlotState::Open { since, .. } => since,
+            _ => Instant::now(),
+        };
+        let handle = TxnHandle {
+            transactional_id: slot.id.clone(),
+            producer_id: pid,
+            epoch,
+            records,
+        };
+        slot.state = SlotState::Sealed {
+            checkpoint,
+            handle: handle.clone(),
+            since,
+        };
+        tracing::debug!(checkpoint, transactional_id = %handle.transactional_id, producer_id = pid, epoch, records, "pre-committed");
+        let next = self.free_slot();
+        self.open(next).await?;
+        Ok(pending(Some(handle), self.slots.len()))
+    }
+
+    async fn retry_commits(&mut self) -> onceflow_runtime::Result<()> {
+        let due: Vec<CheckpointId> = self
+            .slots
+            .iter()
+            .filter_map(|s| match s.state {
+                SlotState::Sealed { checkpoint, .. } if checkpoint <= self.completed => {
+                    Some(checkpoint)
+                }
+                _ => None,
+            })
+            .collect();
+        for c in due {
+            self.commit_live(c).await?;
+        }
+        Ok(())
+    }
+
+    /// Commits the slot sealed at `checkpoint` on its live producer; false if none holds it.
+    async fn commit_live(&mut self, checkpoint: CheckpointId) -> onceflow_runtime::Result<bool> {
+        let completed = self.completed;
+        let Some(slot) = self.slots.iter_mut().find(
+            |s| matches!(s.state, SlotState::Sealed { checkpoint: c, .. } if c == checkpoint),
+        ) else {
+            return Ok(false);
+        };
+        let (SlotState::Sealed { handle, since, .. }, Some((p, _, _))) =
+            (&slot.state, &slot.producer)
+        else {
+            return Ok(false);
+        };
+        let records = handle.records;
+        let age = since.elapsed();
+        let p = p.clone();
+        let t0 = Instant::now();
+        let r = blocking(move || p.commit_transaction(TXN_CALL_TIMEOUT)).await?;
+        match r {
+            Ok(()) => {
+                metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "two-phase-commit")
+                    .record(t0.elapsed().as_secs_f64());
+                metrics::histogram!(m::RECORDS_PER_TXN).record(records as f64);
+                metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
+                    .set(age.as_secs_f64());
+                slot.state = SlotState::Committed { at: completed };
+                Ok(true)
+            }
+            Err(e) => {
+                let fenced = producer::is_fenced(&e);
+                let msg = format!(
+                    "commit of {} (checkpoint {checkpoint}) failed: {e}",
+                    slot.id
+                );
+                if fenced {
+                    metrics::counter!(m::FENCING_EVENTS, "kind" => "fenced").increment(1);
+                    self.fatal = Some(format!(
+                        "{msg}; another instance with the same transactional id prefix took over"
+                    ));
+                    return Err(KafkaError::Fenced(msg).into());
+                }
+                if let rdkafka::error::KafkaError::Transaction(te) = &e {
+                    if te.txn_requires_abort() || te.is_fatal() {
+                        self.fatal = Some(msg.clone());
+                        return Err(KafkaError::DataLoss(msg).into());
+                    }
+                }
+                Err(KafkaError::Protocol(msg).into())
+            }
+        }
+    }
+
+    pub(crate) async fn commit(
+        &mut self,
+        checkpoint: CheckpointId,
+        pending: KafkaPending,
+    ) -> onceflow_runtime::Result<()> {
+        self.completed = self.completed.max(checkpoint);
+        let KafkaPending::TwoPhase(p) = pending else {
+            return Err(onceflow_runtime::Error::Internal(
+                "two-phase sink got a foreign pending".into(),
+            ));
+        };
+        let Some(t) = p.txn else { return Ok(()) };
+        if self.commit_live(checkpoint).await? {
+            return Ok(());
+        }
+        if self.slots.iter().any(|s| s.id == t.transactional_id) {
+            // our own id, no longer sealed: committed before (we unseal only on success)
+            return Ok(());
+        }
+        match committer::commit_prepared(&self.cfg.brokers, &t.transactional_id, t.producer_id, t.epoch, TXN_CALL_TIMEOUT).await? {
+            CommitOutcome::Committed => Ok(()),
+            CommitOutcome::Lost(code) => Err(KafkaError::DataLoss(format!(
+                "transaction {} of checkpoint {checkpoint} cannot be committed (Kafka error code {code})",
+                t.transactional_id
+            ))
+            .into()),
+        }
+    }
+
+    pub(crate) async fn abort(&mut self, pending: KafkaPending) -> onceflow_runtime::Result<()> {
+        let KafkaPending::TwoPhase(p) = pending else {
+            return Ok(());
+        };
+        let Some(t) = p.txn else { return Ok(()) };
+        let Some(slot) = self
+            .slots
+            .iter_mut()
+            .find(|s| s.id == t.transactional_id && matches!(s.state, SlotState::Sealed { .. }))
+        else {
+            return Ok(());
+        };
+        if let Some((prod, _, _)) = &slot.producer {
+            let prod = prod.clone();
+            blocking(move || prod.abort_transaction(TXN_CALL_TIMEOUT))
+                .await?
+                .map_err(|e| KafkaError::client("abort_transaction", e))?;
+        }
+        slot.state = SlotState::Aborted;
+        Ok(())
+    }
+}

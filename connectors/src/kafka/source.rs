@@ -1,0 +1,284 @@
+//! KafkaSource: a read_committed rdkafka consumer without auto commit. Partition `p` of the
+//! topic belongs to source subtask `p % parallelism`; the next offset of every partition is
+//! the position stored at each barrier and restored from the checkpoint (a partition without
+//! a position starts from the earliest offset). In transactional-offsets mode the source
+//! starts from the consumer group's committed offsets and hands its positions at each barrier
+//! to the sink, which commits them inside the output transaction.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use onceflow_runtime::{async_trait, CheckpointId, Source, SourceFactory, SourcePoll, SubtaskInfo};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::message::Message;
+use rdkafka::{ClientContext, Offset, Statistics, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use super::json::{Decoder, KafkaMessage};
+use super::sink::OffsetsLink;
+use super::{metrics as m, KafkaError};
+
+const META_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The position of one source subtask: next offset per partition.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaPosition {
+    /// Topic.
+    pub topic: String,
+    /// (partition, next offset to read).
+    pub offsets: Vec<(i32, i64)>,
+}
+
+/// Builds Kafka source subtasks.
+pub struct KafkaSource<T> {
+    brokers: String,
+    topic: String,
+    group: String,
+    decoder: Decoder<T>,
+    properties: Vec<(String, String)>,
+    link: Option<OffsetsLink>,
+}
+
+impl<T> KafkaSource<T> {
+    /// A source of `topic` decoding every record with `decoder`.
+    pub fn new(brokers: impl Into<String>, topic: impl Into<String>, decoder: Decoder<T>) -> Self {
+        KafkaSource {
+            brokers: brokers.into(),
+            topic: topic.into(),
+            group: "onceflow".into(),
+            decoder,
+            properties: Vec::new(),
+            link: None,
+        }
+    }
+
+    /// Sets the consumer group id (used for committed offsets in transactional-offsets mode).
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = group.into();
+        self
+    }
+
+    /// Adds a librdkafka consumer property.
+    pub fn property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.properties.push((key.into(), value.into()));
+        self
+    }
+
+    /// Transactional-offsets mode: start from the group's committed offsets and hand the
+    /// barrier positions to the sink sharing `link`.
+    pub fn transactional_offsets(mut self, link: OffsetsLink) -> Self {
+        self.link = Some(link);
+        self
+    }
+}
+
+/// Consumer context publishing the consumer lag from librdkafka's statistics.
+pub struct LagContext;
+
+impl ClientContext for LagContext {
+    fn stats(&self, stats: Statistics) {
+        for (topic, t) in &stats.topics {
+            for (p, part) in &t.partitions {
+                if *p < 0 || part.consumer_lag < 0 {
+                    continue;
+                }
+                metrics::gauge!(m::CONSUMER_LAG, "topic" => topic.clone(), "partition" => p.to_string())
+                    .set(part.consumer_lag as f64);
+            }
+        }
+    }
+}
+
+impl ConsumerContext for LagContext {}
+
+/// One source subtask.
+pub struct KafkaSourceReader<T> {
+    consumer: BaseConsumer<LagContext>,
+    topic: String,
+    decoder: Decoder<T>,
+    partitions: Vec<i32>,
+    positions: BTreeMap<i32, i64>,
+    assigned: bool,
+    link: Option<OffsetsLink>,
+    subtask: usize,
+    parallelism: usize,
+}
+
+fn partition_count(
+    consumer: &BaseConsumer<LagContext>,
+    topic: &str,
+) -> onceflow_runtime::Result<usize> {
+    let md = consumer
+        .fetch_metadata(Some(topic), META_TIMEOUT)
+        .map_err(|e| KafkaError::client(format!("reading metadata of topic {topic}"), e))?;
+    let t = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .ok_or_else(|| KafkaError::Config(format!("topic {topic} not found")))?;
+    if let Some(e) = t.error() {
+        return Err(KafkaError::Config(format!("topic {topic}: {e:?}")).into());
+    }
+    if t.partitions().is_empty() {
+        return Err(KafkaError::Config(format!("topic {topic} has no partitions")).into());
+    }
+    Ok(t.partitions().len())
+}
+
+impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
+    type Source = KafkaSourceReader<T>;
+
+    fn create(&self, info: &SubtaskInfo) -> onceflow_runtime::Result<KafkaSourceReader<T>> {
+        let mut cfg = ClientConfig::new();
+        cfg.set("bootstrap.servers", &self.brokers)
+            .set("group.id", &self.group)
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("statistics.interval.ms", "1000")
+            .set("fetch.wait.max.ms", "50");
+        for (k, v) in &self.properties {
+            cfg.set(k, v);
+        }
+        let consumer: BaseConsumer<LagContext> = cfg
+            .create_with_context(LagContext)
+            .map_err(|e| KafkaError::client("creating the consumer", e))?;
+        let n = partition_count(&consumer, &self.topic)?;
+        let partitions: Vec<i32> = (0..n as i32)
+            .filter(|p| (*p as usize) % info.parallelism == info.index)
+            .collect();
+        let mut positions = BTreeMap::new();
+        if let Some(link) = &self.link {
+            // transactional offsets: the group's committed offsets are the truth
+            let mut tpl = TopicPartitionList::new();
+            for p in &partitions {
+                tpl.add_partition(&self.topic, *p);
+            }
+            let committed = consumer
+                .committed_offsets(tpl, META_TIMEOUT)
+                .map_err(|e| KafkaError::client("reading the group's committed offsets", e))?;
+            for e in committed.elements() {
+                if let Offset::Offset(o) = e.offset() {
+                    positions.insert(e.partition(), o);
+                }
+            }
+            link.register_source(info.parallelism, consumer.group_metadata());
+            tracing::info!(subtask = info.index, ?positions, group = %self.group, "kafka source starts from the group's committed offsets");
+        }
+        Ok(KafkaSourceReader {
+            consumer,
+            topic: self.topic.clone(),
+            decoder: self.decoder.clone(),
+            partitions,
+            positions,
+            assigned: false,
+            link: self.link.clone(),
+            subtask: info.index,
+            parallelism: info.parallelism,
+        })
+    }
+}
+
+impl<T> KafkaSourceReader<T> {
+    fn assign(&mut self) -> onceflow_runtime::Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        for p in &self.partitions {
+            let off = match self.positions.get(p) {
+                Some(o) => Offset::Offset(*o),
+                None => Offset::Beginning,
+            };
+            tpl.add_partition_offset(&self.topic, *p, off)
+                .map_err(|e| KafkaError::client("building the assignment", e))?;
+        }
+        self.consumer
+            .assign(&tpl)
+            .map_err(|e| KafkaError::client("assigning partitions", e))?;
+        tracing::info!(subtask = self.subtask, parallelism = self.parallelism, partitions = ?self.partitions, positions = ?self.positions, "kafka source assigned");
+        self.assigned = true;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
+    type Position = KafkaPosition;
+
+    fn restore(&mut self, positions: Vec<KafkaPosition>) -> onceflow_runtime::Result<()> {
+        for pos in positions {
+            if pos.topic != self.topic {
+                continue;
+            }
+            for (p, o) in pos.offsets {
+                if !self.partitions.contains(&p) {
+                    continue;
+                }
+                if self.link.is_some() {
+                    // committed offsets win; warn when the checkpoint disagrees
+                    if let Some(c) = self.positions.get(&p) {
+                        if *c != o {
+                            tracing::warn!(partition = p, committed = c, checkpoint = o, "checkpoint position differs from the group's committed offset; using the committed offset");
+                        }
+                        continue;
+                    }
+                }
+                self.positions.insert(p, o);
+            }
+        }
+        Ok(())
+    }
+
+    async fn poll(&mut self, out: &mut Vec<T>, max: usize) -> onceflow_runtime::Result<SourcePoll> {
+        if !self.assigned {
+            self.assign()?;
+        }
+        if self.partitions.is_empty() {
+            return Ok(SourcePoll::Idle(Duration::from_millis(100)));
+        }
+        let mut n = 0;
+        while n < max {
+            match self.consumer.poll(Duration::ZERO) {
+                None => break,
+                Some(Err(e)) => {
+                    return Err(KafkaError::client("consuming", e).into());
+                }
+                Some(Ok(msg)) => {
+                    let km = KafkaMessage {
+                        topic: msg.topic().to_string(),
+                        partition: msg.partition(),
+                        offset: msg.offset(),
+                        key: msg.key().map(<[u8]>::to_vec),
+                        payload: msg.payload().map(<[u8]>::to_vec),
+                        timestamp_ms: msg.timestamp().to_millis(),
+                    };
+                    self.positions.insert(km.partition, km.offset + 1);
+                    out.push(self.decoder.decode(&km));
+                    n += 1;
+                }
+            }
+        }
+        if n > 0 {
+            metrics::counter!(m::RECORDS_CONSUMED, "topic" => self.topic.clone())
+                .increment(n as u64);
+            Ok(SourcePoll::Ready)
+        } else {
+            Ok(SourcePoll::Idle(Duration::from_millis(5)))
+        }
+    }
+
+    fn snapshot_position(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> onceflow_runtime::Result<KafkaPosition> {
+        let pos = KafkaPosition {
+            topic: self.topic.clone(),
+            offsets: self.positions.iter().map(|(p, o)| (*p, *o)).collect(),
+        };
+        if let Some(link) = &self.link {
+            link.record_positions(checkpoint, self.subtask, &pos);
+        }
+        Ok(pos)
+    }
+}

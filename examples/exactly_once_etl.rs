@@ -1,0 +1,526 @@
+//! Exactly-once ETL, Kafka -> Kafka: reads JSON `{"id", "key", "amount"}` records, keeps a
+//! running total per key (checkpointed keyed state) and writes `{"id", "key", "amount",
+//! "total"}` keyed by key; records that do not parse go to `<output>.dlq` in the same
+//! transactions.
+//!
+//! `cargo run --release --example exactly_once_etl` alone starts an embedded reference broker
+//! and a demo input generator and prints live progress. With `--brokers HOST:PORT` it runs
+//! against that cluster until stopped (SIGTERM: final checkpoint and commit, exit 0).
+//! The CLI and the stdout lines (`job started`, `checkpoint N complete`, `checkpoint N
+//! committed`, `job stopped`) are a stable contract that tests drive.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use onceflow::connectors::kafka::{
+    committed_checkpoint, committer, validate_transaction_timeout, Decoder, DeliveryMode,
+    KafkaMessage, KafkaSink, KafkaSinkConfig, KafkaSource, OffsetsLink, SinkRecord,
+};
+use onceflow::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Command line (stable: tests drive it).
+#[derive(Parser, Debug)]
+#[command(about = "Exactly-once Kafka -> Kafka ETL: running totals per key")]
+struct Args {
+    /// HOST:PORT of the cluster; without it an embedded broker and a demo generator start.
+    #[arg(long)]
+    brokers: Option<String>,
+    /// Input topic.
+    #[arg(long, default_value = "etl-input")]
+    input: String,
+    /// Output topic (dead letters go to `<output>.dlq`).
+    #[arg(long, default_value = "etl-output")]
+    output: String,
+    /// Consumer group.
+    #[arg(long, default_value = "onceflow-etl")]
+    group: String,
+    /// two-phase-commit | transactional-offsets | at-least-once | none.
+    #[arg(long, default_value = "two-phase-commit")]
+    mode: String,
+    /// Checkpoint directory (default ./onceflow-checkpoints/etl; a fresh temporary one with the
+    /// embedded in-memory broker).
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint interval.
+    #[arg(long, default_value_t = 1000)]
+    checkpoint_interval_ms: u64,
+    /// Parallelism of every operator.
+    #[arg(long, default_value_t = 2)]
+    parallelism: usize,
+    /// Prefix of the transactional ids.
+    #[arg(long, default_value = "onceflow-etl")]
+    transactional_id_prefix: String,
+    /// transaction.timeout.ms; must exceed checkpoint interval + recovery allowance.
+    #[arg(long, default_value_t = 60_000)]
+    transaction_timeout_ms: u64,
+    /// Time a restart may take before the recovery commit.
+    #[arg(long, default_value_t = 30_000)]
+    recovery_allowance_ms: u64,
+    /// Prometheus endpoint, e.g. 127.0.0.1:9898.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Stop (final checkpoint + commit, exit 0) once this many records were processed.
+    #[arg(long)]
+    max_records: Option<u64>,
+    /// Stop like SIGTERM once no input arrived for this many ms.
+    #[arg(long)]
+    exit_when_idle_ms: Option<u64>,
+    /// Embedded mode: demo records generated per second.
+    #[arg(long, default_value_t = 2000)]
+    demo_rate: u64,
+}
+
+/// An input record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Input {
+    id: u64,
+    key: String,
+    amount: i64,
+}
+
+/// An output record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Output {
+    id: u64,
+    key: String,
+    amount: i64,
+    total: i64,
+}
+
+/// A parsed input, or a dead letter.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum Parsed {
+    Good(Input),
+    Bad { key: Option<Vec<u8>>, raw: Vec<u8> },
+}
+
+const DLQ_KEY: &str = "\u{0}dead-letters";
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn fail_config(msg: impl std::fmt::Display) -> ! {
+    eprintln!("error: {msg}");
+    std::process::exit(2);
+}
+
+fn say(line: String) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,onceflow_runtime=info,onceflow_connectors=info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let mode: DeliveryMode = args.mode.parse().unwrap_or_else(|e| fail_config(e));
+    if args.parallelism == 0 {
+        fail_config("--parallelism must be at least 1");
+    }
+    if args.checkpoint_interval_ms == 0 {
+        fail_config("--checkpoint-interval-ms must be positive");
+    }
+    let interval = Duration::from_millis(args.checkpoint_interval_ms);
+    let timeout = Duration::from_millis(args.transaction_timeout_ms);
+    let allowance = Duration::from_millis(args.recovery_allowance_ms);
+    if mode.is_transactional() {
+        if let Err(e) = validate_transaction_timeout(timeout, interval, allowance, None) {
+            fail_config(e);
+        }
+    }
+    if let Some(addr) = args.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| anyhow::anyhow!("cannot serve metrics on {addr}: {e}"))?;
+    }
+
+    // embedded broker + demo generator when no cluster is given
+    let helper_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let stop_demo = Arc::new(AtomicBool::new(false));
+    let (brokers, embedded, checkpoint_dir) = match &args.brokers {
+        Some(b) => (
+            b.clone(),
+            None,
+            args.checkpoint_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("./onceflow-checkpoints/etl")),
+        ),
+        None => {
+            let cfg = onceflow::broker::BrokerConfig {
+                default_partitions: 4,
+                ..Default::default()
+            };
+            let broker = helper_rt.block_on(onceflow::broker::start(cfg))?;
+            let b = broker.bootstrap_servers();
+            let dir = args.checkpoint_dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!(
+                    "onceflow-etl-{}-{}",
+                    std::process::id(),
+                    now_ms()
+                ))
+            });
+            say(format!(
+                "embedded broker at {b}; demo generator writes {} records/s to {}; checkpoints in {}",
+                args.demo_rate,
+                args.input,
+                dir.display()
+            ));
+            demo::spawn_generator(
+                b.clone(),
+                args.input.clone(),
+                args.demo_rate,
+                stop_demo.clone(),
+            );
+            (b, Some(broker), dir)
+        }
+    };
+
+    if mode.is_transactional() {
+        match helper_rt.block_on(committer::broker_max_transaction_timeout(&brokers)) {
+            Ok(Some(max)) => {
+                if let Err(e) = validate_transaction_timeout(timeout, interval, allowance, Some(max)) {
+                    fail_config(e);
+                }
+            }
+            Ok(None) => tracing::info!(
+                "the broker does not report transaction.max.timeout.ms; skipping the broker-maximum check"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot read the broker's transaction.max.timeout.ms; skipping that check"),
+        }
+    }
+
+    let p = args.parallelism;
+    let link = OffsetsLink::new();
+    let restore = if mode == DeliveryMode::TransactionalOffsets {
+        match committed_checkpoint(&brokers, &args.group, &args.input)? {
+            Some(c) => RestoreMode::Checkpoint(c),
+            None => RestoreMode::None,
+        }
+    } else {
+        RestoreMode::Latest
+    };
+
+    let failpoint: Option<u64> = std::env::var("ONCEFLOW_FAILPOINT").ok().and_then(|v| {
+        v.strip_prefix("after-checkpoint-complete:")
+            .and_then(|n| n.trim().parse().ok())
+    });
+    let config = JobConfig::new("exactly-once-etl")
+        .parallelism(p)
+        .checkpoint_interval(interval)
+        .checkpoint_dir(&checkpoint_dir)
+        .retained_checkpoints(3)
+        .restore(restore)
+        .stop_on_sigterm(true)
+        .checkpoint_listener(move |ev| {
+            if let CheckpointEvent::Completed(n) = ev {
+                say(format!("checkpoint {n} complete"));
+                if failpoint == Some(n) {
+                    eprintln!(
+                        "failpoint after-checkpoint-complete:{n}: aborting before the sinks commit"
+                    );
+                    std::process::abort();
+                }
+            }
+        });
+    let env = StreamEnvironment::new(config);
+    let stop = env.stop_handle();
+
+    let processed = Arc::new(AtomicU64::new(0));
+    let last_input = Arc::new(AtomicU64::new(now_ms()));
+
+    let mut source = KafkaSource::new(brokers.clone(), args.input.clone(), Decoder::raw())
+        .group(args.group.clone());
+    if mode == DeliveryMode::TransactionalOffsets {
+        source = source.transactional_offsets(link.clone());
+    }
+    let sink_cfg = KafkaSinkConfig::new(brokers.clone(), args.output.clone())
+        .mode(mode)
+        .transactional_id_prefix(args.transactional_id_prefix.clone())
+        .transaction_timeout(timeout)
+        .checkpoint_interval(interval)
+        .recovery_allowance(allowance);
+    let committed_counts: Arc<Mutex<HashMap<u64, usize>>> = Arc::default();
+    let recovered = Arc::new(AtomicU64::new(0));
+    let mut sink = KafkaSink::new(sink_cfg)
+        .on_commit(move |n, _subtask| {
+            let mut m = committed_counts.lock().unwrap_or_else(|e| e.into_inner());
+            let c = m.entry(n).or_insert(0);
+            *c += 1;
+            if *c == p {
+                m.remove(&n);
+                say(format!("checkpoint {n} committed"));
+            }
+        })
+        .on_recovered(move |_subtask, parallelism| {
+            if recovered.fetch_add(1, Ordering::SeqCst) + 1 == parallelism as u64 {
+                say("job started".to_string());
+            }
+        });
+    if mode == DeliveryMode::TransactionalOffsets {
+        sink = sink.offsets_link(link);
+    }
+
+    let dlq = format!("{}.dlq", args.output);
+    let (proc2, last2) = (processed.clone(), last_input.clone());
+    env.source("kafka-in", source)
+        .map(move |m: KafkaMessage| {
+            last2.store(now_ms(), Ordering::Relaxed);
+            proc2.fetch_add(1, Ordering::Relaxed);
+            match m.payload.as_deref().map(serde_json::from_slice::<Input>) {
+                Some(Ok(i)) => Parsed::Good(i),
+                _ => Parsed::Bad {
+                    key: m.key.clone(),
+                    raw: m.payload.clone().unwrap_or_default(),
+                },
+            }
+        })
+        .key_by(|r: &Parsed| match r {
+            Parsed::Good(i) => i.key.clone(),
+            Parsed::Bad { .. } => DLQ_KEY.to_string(),
+        })
+        .process(
+            "totals",
+            move |r: Parsed, ctx: &mut KeyedContext<'_, String, SinkRecord>| {
+                match r {
+                    Parsed::Good(i) => {
+                        let total = {
+                            let mut st = ctx.value::<i64>("total")?;
+                            let t = st.get().copied().unwrap_or(0).saturating_add(i.amount);
+                            st.set(t);
+                            t
+                        };
+                        let out = Output {
+                            id: i.id,
+                            key: i.key.clone(),
+                            amount: i.amount,
+                            total,
+                        };
+                        let value = serde_json::to_vec(&out).map_err(Error::serialization)?;
+                        ctx.emit(SinkRecord::new(Some(i.key.into_bytes()), value));
+                    }
+                    Parsed::Bad { key, raw } => {
+                        ctx.emit(SinkRecord {
+                            topic: Some(dlq.clone()),
+                            key,
+                            value: raw,
+                            timestamp_ms: None,
+                        });
+                    }
+                }
+                Ok(())
+            },
+        )
+        .sink("kafka-out", sink);
+
+    // stop conditions and live progress
+    let started = Instant::now();
+    let watcher_done = Arc::new(AtomicBool::new(false));
+    {
+        let (processed, last_input, done) =
+            (processed.clone(), last_input.clone(), watcher_done.clone());
+        let (max, idle) = (args.max_records, args.exit_when_idle_ms);
+        let verbose = embedded.is_some();
+        std::thread::spawn(move || {
+            let mut last_print = Instant::now();
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+                let n = processed.load(Ordering::Relaxed);
+                if max.is_some_and(|m| n >= m) {
+                    tracing::info!(
+                        processed = n,
+                        "--max-records reached: stopping with a final checkpoint"
+                    );
+                    stop.stop();
+                    return;
+                }
+                if let Some(idle) = idle {
+                    let quiet = now_ms().saturating_sub(last_input.load(Ordering::Relaxed));
+                    if quiet >= idle && started.elapsed() >= Duration::from_millis(idle) {
+                        tracing::info!(
+                            quiet_ms = quiet,
+                            "--exit-when-idle-ms reached: stopping with a final checkpoint"
+                        );
+                        stop.stop();
+                        return;
+                    }
+                }
+                if verbose && last_print.elapsed() >= Duration::from_secs(2) {
+                    last_print = Instant::now();
+                    say(format!("progress: {n} records processed"));
+                }
+            }
+        });
+    }
+    let verifier = embedded
+        .as_ref()
+        .map(|_| demo::spawn_verifier(brokers.clone(), args.output.clone(), stop_demo.clone()));
+
+    let result = env.execute_blocking();
+    watcher_done.store(true, Ordering::Relaxed);
+    stop_demo.store(true, Ordering::Relaxed);
+    let result = result?;
+    if let Some(v) = verifier {
+        if let Ok(s) = v.join() {
+            say(s);
+        }
+    }
+    tracing::info!(
+        completed = result.completed_checkpoints,
+        restored_from = ?result.restored_from,
+        "job finished"
+    );
+    say("job stopped".to_string());
+    if let Some(b) = embedded {
+        helper_rt.block_on(b.shutdown());
+    }
+    Ok(())
+}
+
+/// The embedded demo: an input generator and a read_committed verifier of the output.
+mod demo {
+    use super::*;
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    /// Writes `rate` records per second (every 500th does not parse) until `stop`.
+    pub fn spawn_generator(brokers: String, topic: String, rate: u64, stop: Arc<AtomicBool>) {
+        std::thread::spawn(move || {
+            let producer: BaseProducer = match ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("enable.idempotence", "true")
+                .set("linger.ms", "5")
+                .create()
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("demo generator: {e}");
+                    return;
+                }
+            };
+            let mut id = 0u64;
+            let tick = Duration::from_millis(50);
+            let per_tick = (rate / 20).max(1);
+            while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                for _ in 0..per_tick {
+                    let key = format!("customer-{}", id % 8);
+                    let value = if id % 500 == 499 {
+                        format!("not json {id}")
+                    } else {
+                        format!(
+                            r#"{{"id":{id},"key":"{key}","amount":{}}}"#,
+                            (id % 100) as i64 - 20
+                        )
+                    };
+                    loop {
+                        match producer.send(BaseRecord::to(&topic).key(&key).payload(&value)) {
+                            Ok(()) => break,
+                            Err(_) => {
+                                producer.poll(Duration::from_millis(10));
+                            }
+                        }
+                    }
+                    id += 1;
+                }
+                producer.poll(Duration::ZERO);
+                if let Some(rest) = tick.checked_sub(t0.elapsed()) {
+                    std::thread::sleep(rest);
+                }
+            }
+            let _ = producer.flush(Duration::from_secs(10));
+        });
+    }
+
+    /// Reads the output read_committed and reports records, distinct ids and duplicates.
+    pub fn spawn_verifier(
+        brokers: String,
+        topic: String,
+        stop: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let consumer: BaseConsumer = match ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", "onceflow-etl-verifier")
+                .set("isolation.level", "read_committed")
+                .set("enable.auto.commit", "false")
+                .set("auto.offset.reset", "earliest")
+                .create()
+            {
+                Ok(c) => c,
+                Err(e) => return format!("verifier: {e}"),
+            };
+            if let Err(e) = consumer.subscribe(&[&topic]) {
+                return format!("verifier: {e}");
+            }
+            let mut ids = HashSet::new();
+            let (mut records, mut dups) = (0u64, 0u64);
+            let mut last_print = Instant::now();
+            let mut quiet_since: Option<Instant> = None;
+            loop {
+                match consumer.poll(Duration::from_millis(100)) {
+                    Some(Ok(m)) => {
+                        quiet_since = None;
+                        records += 1;
+                        if let Some(Ok(o)) = m.payload().map(serde_json::from_slice::<Output>) {
+                            if !ids.insert(o.id) {
+                                dups += 1;
+                            }
+                        }
+                    }
+                    _ => {
+                        if stop.load(Ordering::Relaxed) {
+                            let q = *quiet_since.get_or_insert_with(Instant::now);
+                            if q.elapsed() > Duration::from_secs(2) {
+                                break;
+                            }
+                        }
+                    }
+                }
+                if last_print.elapsed() >= Duration::from_secs(2) {
+                    last_print = Instant::now();
+                    say(format!(
+                        "output (read_committed): {records} records, {} distinct ids, {dups} duplicates",
+                        ids.len()
+                    ));
+                }
+            }
+            format!(
+                "final output (read_committed): {records} records, {} distinct ids, {dups} duplicates",
+                ids.len()
+            )
+        })
+    }
+}
