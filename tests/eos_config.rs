@@ -18,8 +18,13 @@ fn run(
     timeout_ms: u64,
 ) -> (Proc, Broker, tempfile::TempDir) {
     let dir = scenario_dir(test);
+    bins();
     let broker = Broker::start(dir.path(), broker_flags);
     let mut args = JobArgs::new("two-phase-commit", dir.path());
+    create_topics(
+        broker.bootstrap(),
+        &[&args.input, &args.output, &args.dlq()],
+    );
     args.checkpoint_interval_ms = interval_ms;
     args.transaction_timeout_ms = Some(timeout_ms);
     let mut job = spawn_job(broker.bootstrap(), &args, "config");

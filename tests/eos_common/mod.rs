@@ -212,6 +212,7 @@ pub fn check_output(bootstrap: &str, args: &JobArgs, data: &Dataset) -> Report {
 
 /// Prepares a scenario: broker child, topics, and the dataset of `n` records.
 pub fn setup(dir: &std::path::Path, args: &JobArgs, n: u64, seed: u64) -> (Broker, Dataset) {
+    bins();
     let broker = Broker::start(dir, &[]);
     create_topics(
         broker.bootstrap(),
