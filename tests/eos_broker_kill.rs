@@ -22,9 +22,15 @@ fn broker_kill_run(test: &str, mode: &str) {
     let (mut broker, data) = setup(dir.path(), &args, n, seed);
     let bootstrap = broker.bootstrap().to_string();
     let mut rng = StdRng::seed_from_u64(seed);
-    // The input is produced up front: the input producer would otherwise have to survive
-    // the broker kills too, which is not what this test is about.
-    produce_all(&bootstrap, &args.input, &data);
+    // Input keeps arriving through the broker kills (the idempotent input producer retries
+    // across them), so the job is busy whenever the broker dies.
+    let producer = produce_paced(
+        &bootstrap,
+        &args.input,
+        &data,
+        60,
+        Duration::from_millis(250),
+    );
 
     let mut job = spawn_job(&bootstrap, &args, "1");
     let line = job.wait_line(Duration::from_secs(90), |l| {
@@ -79,6 +85,7 @@ fn broker_kill_run(test: &str, mode: &str) {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+    producer.join().expect("input producer");
     let restarts = finish(
         &bootstrap,
         &args,

@@ -188,6 +188,15 @@ pub fn finish(
             job.describe()
         );
     }
+    // SIGTERM is the graceful stop of a running job: wait until it runs (a restart may still
+    // be recovering when the output is already complete).
+    assert!(
+        job.wait_line(Duration::from_secs(90), |l| l.contains("job started"))
+            .is_some(),
+        "the last instance never printed `job started` ({:?})\n{}",
+        job.try_status(),
+        job.describe()
+    );
     job.term();
     let status = job.wait_exit(Duration::from_secs(60));
     assert!(
