@@ -204,3 +204,75 @@ pub fn encode_response_with_header_version<T: Encodable>(
         .map_err(|e| encode_err(e.to_string()))?;
     Ok(buf.freeze())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::ApiVersionsResponse;
+
+    fn frame(payload: &[u8]) -> Vec<u8> {
+        let mut v = (payload.len() as i32).to_be_bytes().to_vec();
+        v.extend_from_slice(payload);
+        v
+    }
+
+    #[tokio::test]
+    async fn frames_are_read_whole_and_in_order() {
+        let mut input = frame(&[1; 10]);
+        input.extend(frame(&[2; 12]));
+        let mut r = &input[..];
+        assert_eq!(
+            read_frame(&mut r, 100).await.unwrap().unwrap(),
+            vec![1u8; 10]
+        );
+        assert_eq!(
+            read_frame(&mut r, 100).await.unwrap().unwrap(),
+            vec![2u8; 12]
+        );
+        assert!(read_frame(&mut r, 100).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn bad_sizes_and_truncation_are_errors() {
+        for size in [-1i32, 0, 9, 101] {
+            let input = size.to_be_bytes();
+            let err = read_frame(&mut &input[..], 100).await.unwrap_err();
+            assert!(
+                matches!(err, CodecError::BadFrameSize { .. }),
+                "{size}: {err}"
+            );
+        }
+        let mut short = 20i32.to_be_bytes().to_vec();
+        short.extend([0; 5]);
+        let err = read_frame(&mut &short[..], 100).await.unwrap_err();
+        assert!(
+            matches!(err, CodecError::Truncated { got: 5, want: 20 }),
+            "{err}"
+        );
+        let err = read_frame(&mut &[0u8, 0][..], 100).await.unwrap_err();
+        assert!(
+            matches!(err, CodecError::Truncated { got: 2, want: 4 }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn header_prefix_and_response_framing() {
+        let prefix = peek_prefix(&[0, 18, 0, 3, 0, 0, 1, 0, 0xff, 0xff]).unwrap();
+        assert_eq!(
+            prefix,
+            HeaderPrefix {
+                api_key: 18,
+                api_version: 3,
+                correlation_id: 256
+            }
+        );
+        assert!(peek_prefix(&[0, 18, 0]).is_err());
+        let body = ApiVersionsResponse::default();
+        let out = encode_response(ApiKey::ApiVersions, 3, 7, &body).unwrap();
+        let size = i32::from_be_bytes(out[..4].try_into().unwrap()) as usize;
+        assert_eq!(size, out.len() - 4);
+        // ApiVersions responses always use header v0: just the correlation id.
+        assert_eq!(&out[4..8], &7i32.to_be_bytes());
+    }
+}

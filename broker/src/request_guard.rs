@@ -178,6 +178,9 @@ pub fn check(api: ApiKey, version: i16, body: &[u8]) -> Result<()> {
 
 /// [`check`], returning how many bytes the walk consumed (all of them for a well-formed body).
 fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
+    if let Some(consumed) = groups::walk(api, version, body)? {
+        return Ok(consumed);
+    }
     let flexible = match api {
         ApiKey::Produce => version >= 9,
         ApiKey::Fetch => version >= 12,
@@ -313,6 +316,9 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
     w.tags()?;
     Ok(w.pos)
 }
+
+#[path = "request_guard_groups.rs"]
+mod groups;
 
 #[cfg(test)]
 #[path = "request_guard_tests.rs"]

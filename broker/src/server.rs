@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -25,8 +25,12 @@ use crate::storage::Store;
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// Frames decoded ahead of the request being handled, per connection.
+/// Frames read ahead of the request being handled, per connection.
 const PIPELINE_DEPTH: usize = 64;
+
+/// Bytes of frames read ahead per connection (one larger frame may be read alone), so a
+/// pipelining client cannot make the broker buffer `PIPELINE_DEPTH` maximum-size frames.
+const READ_AHEAD_BYTES: usize = 8 * 1024 * 1024;
 
 /// A running broker. Dropping it leaves the broker running until the runtime ends; call
 /// [`BrokerHandle::shutdown`] to stop it and flush the log.
@@ -58,13 +62,9 @@ impl BrokerHandle {
     /// storage, and returns.
     pub async fn shutdown(self) {
         let _ = self.shutdown_tx.send(true);
+        self.state.groups.begin_shutdown();
         if let Err(e) = self.server.await {
             tracing::error!(error = %e, "server task failed");
-        }
-        // onceflow-txn (broker-txn helper): snapshot open transactions for a fast restart.
-        let txn = Arc::clone(&self.state.txn);
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || txn.snapshot_all()).await {
-            tracing::error!(error = %e, "writing transaction snapshots at shutdown failed");
         }
         self.state.groups.close();
         let store = self.state.store.clone();
@@ -183,6 +183,10 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         state
             .txn
             .set_offsets_sink(Arc::new(state.groups.offsets().clone()));
+        let txn = Arc::clone(&state.txn);
+        if let Err(e) = tokio::task::spawn_blocking(move || txn.complete_pending()).await {
+            tracing::error!(error = %e, "completing prepared transactions failed");
+        }
         let weak = Arc::downgrade(&state);
         state
             .txn
@@ -257,14 +261,22 @@ async fn serve_connection(
     let _ = stream.set_nodelay(true);
     let (mut reader, writer) = stream.into_split();
     let max = state.config.max_request_bytes;
-    let (frames_tx, mut frames) = mpsc::channel::<Bytes>(PIPELINE_DEPTH);
+    let (frames_tx, mut frames) = mpsc::channel::<(Bytes, OwnedSemaphorePermit)>(PIPELINE_DEPTH);
+    let read_ahead = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
     let read_task = tokio::spawn(
         async move {
             loop {
                 match codec::read_frame(&mut reader, max).await {
                     Ok(Some(frame)) => {
                         metrics::bytes_in(frame.len() + 4);
-                        if frames_tx.send(frame).await.is_err() {
+                        // Held until the request is handled; waits while the connection
+                        // already has READ_AHEAD_BYTES of unhandled frames.
+                        let cost = frame.len().clamp(1, READ_AHEAD_BYTES) as u32;
+                        let Ok(permit) = Arc::clone(&read_ahead).acquire_many_owned(cost).await
+                        else {
+                            break;
+                        };
+                        if frames_tx.send((frame, permit)).await.is_err() {
                             break;
                         }
                     }
@@ -280,14 +292,16 @@ async fn serve_connection(
     );
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     loop {
-        let frame = tokio::select! {
+        let (frame, permit) = tokio::select! {
             _ = crate::state::shutdown_signalled(&mut shutdown) => break,
             frame = frames.recv() => match frame {
-                Some(frame) => frame,
+                Some(next) => next,
                 None => break,
             },
         };
-        let Some(response) = handle_frame(&state, frame).await else {
+        let response = handle_frame(&state, frame).await;
+        drop(permit);
+        let Some(response) = response else {
             break;
         };
         if let Some(bytes) = response {

@@ -307,3 +307,76 @@ async fn group_offsets_survive_a_broker_restart() {
     tokio::task::spawn_blocking(move || drop(c)).await.unwrap();
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_metrics_are_exported() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let config = BrokerConfig {
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..BrokerConfig::default()
+    };
+    let broker = start(config).await.expect("broker starts");
+    let bootstrap = broker.bootstrap_servers();
+    create_topic(&bootstrap, "metered-group", 2).await;
+    let c = Arc::new(consumer(&bootstrap, "g-metered"));
+    c.subscribe(&["metered-group"]).expect("subscribe");
+    let task = drive(Arc::clone(&c), Arc::new(Mutex::new(Vec::new())));
+    wait_for_exclusive_cover(std::slice::from_ref(&c), 2).await;
+
+    let addr = broker.metrics_addr().expect("metrics address");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut text))
+        .await
+        .expect("metrics within 10 s")
+        .expect("read");
+    assert!(
+        text.contains("onceflow_broker_group_rebalances_total{group=\"g-metered\"}"),
+        "no rebalance counter in: {text}"
+    );
+    assert!(
+        text.contains("onceflow_broker_group_members{group=\"g-metered\"} 1"),
+        "no members gauge in: {text}"
+    );
+    close(c, task).await;
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_topic_drops_its_committed_offsets() {
+    let broker = broker(None).await;
+    let bootstrap = broker.bootstrap_servers();
+    let topic = "groups-deleted";
+    create_topic(&bootstrap, topic, 1).await;
+    let c = consumer(&bootstrap, "g-deleted");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(7))
+        .expect("offset");
+    tokio::task::block_in_place(|| c.commit(&tpl, CommitMode::Sync)).expect("commit");
+    assert_eq!(committed(&c, topic).await, Offset::Offset(7));
+
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .expect("admin client");
+    for result in admin
+        .delete_topics(&[topic], &AdminOptions::new())
+        .await
+        .expect("delete topics")
+    {
+        result.expect("topic deleted");
+    }
+    create_topic(&bootstrap, topic, 1).await;
+    assert_eq!(
+        committed(&c, topic).await,
+        Offset::Invalid,
+        "a recreated topic does not inherit the old offsets"
+    );
+    tokio::task::spawn_blocking(move || drop(c)).await.unwrap();
+    broker.shutdown().await;
+}

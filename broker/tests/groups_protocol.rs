@@ -403,3 +403,200 @@ async fn silent_member_expires_and_a_consumer_takes_over_from_committed_offsets(
         .unwrap();
     broker.shutdown().await;
 }
+
+/// Every advertised version of every group API, in one member's life: join, sync, heartbeat,
+/// commit, fetch, describe, list, leave. Each response must decode exactly at that version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_advertised_group_api_version_round_trips() {
+    let broker = start(BrokerConfig::default()).await.expect("broker");
+    let bootstrap = broker.bootstrap_servers();
+    let topic = "sweep";
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    for r in admin
+        .create_topics(
+            &[NewTopic::new(topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let mut client = RawClient::connect(&bootstrap).await;
+    for v in 0..=4_i16 {
+        let req = if v >= 4 {
+            FindCoordinatorRequest::default().with_coordinator_keys(vec![s("g")])
+        } else {
+            FindCoordinatorRequest::default().with_key(s("g"))
+        };
+        let resp: FindCoordinatorResponse = client.call(ApiKey::FindCoordinator, v, &req).await;
+        let (error, port) = if v >= 4 {
+            (resp.coordinators[0].error_code, resp.coordinators[0].port)
+        } else {
+            (resp.error_code, resp.port)
+        };
+        assert_eq!(
+            (error, port),
+            (0, broker.local_addr().port() as i32),
+            "FindCoordinator v{v}"
+        );
+    }
+    for v in 0..=9_i16 {
+        let group = format!("sweep-{v}");
+        let mut joined: JoinGroupResponse = client
+            .call(ApiKey::JoinGroup, v, &join_request(&group, "", topic))
+            .await;
+        if v >= 4 {
+            assert_eq!(
+                joined.error_code,
+                ResponseError::MemberIdRequired.code(),
+                "JoinGroup v{v}"
+            );
+            let id = joined.member_id.to_string();
+            joined = client
+                .call(ApiKey::JoinGroup, v, &join_request(&group, &id, topic))
+                .await;
+        }
+        assert_eq!(joined.error_code, 0, "JoinGroup v{v}");
+        assert_eq!(joined.generation_id, 1);
+        let member = joined.member_id.to_string();
+        let generation = joined.generation_id;
+
+        let sv = v.min(5);
+        let mut sync_req = SyncGroupRequest::default()
+            .with_group_id(GroupId(s(&group)))
+            .with_generation_id(generation)
+            .with_member_id(s(&member))
+            .with_assignments(vec![SyncGroupRequestAssignment::default()
+                .with_member_id(s(&member))
+                .with_assignment(assignment(topic, &[0]))]);
+        if sv >= 5 {
+            sync_req = sync_req
+                .with_protocol_type(Some(s("consumer")))
+                .with_protocol_name(Some(s("range")));
+        }
+        let sync: SyncGroupResponse = client.call(ApiKey::SyncGroup, sv, &sync_req).await;
+        assert_eq!(sync.error_code, 0, "SyncGroup v{sv}");
+        assert_eq!(sync.assignment, assignment(topic, &[0]));
+
+        let hv = v.min(4);
+        let hb: HeartbeatResponse = client
+            .call(
+                ApiKey::Heartbeat,
+                hv,
+                &HeartbeatRequest::default()
+                    .with_group_id(GroupId(s(&group)))
+                    .with_generation_id(generation)
+                    .with_member_id(s(&member)),
+            )
+            .await;
+        assert_eq!(hb.error_code, 0, "Heartbeat v{hv}");
+
+        let cv = v.clamp(2, 9);
+        let commit: OffsetCommitResponse = client
+            .call(
+                ApiKey::OffsetCommit,
+                cv,
+                &OffsetCommitRequest::default()
+                    .with_group_id(GroupId(s(&group)))
+                    .with_generation_id_or_member_epoch(generation)
+                    .with_member_id(s(&member))
+                    .with_topics(vec![OffsetCommitRequestTopic::default()
+                        .with_name(TopicName(s(topic)))
+                        .with_partitions(vec![OffsetCommitRequestPartition::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(i64::from(v) + 10)
+                            .with_committed_metadata(Some(s("meta")))])]),
+            )
+            .await;
+        assert_eq!(
+            commit.topics[0].partitions[0].error_code, 0,
+            "OffsetCommit v{cv}"
+        );
+
+        let fv = v.clamp(1, 9);
+        let fetched: OffsetFetchResponse = if fv >= 8 {
+            client
+                .call(
+                    ApiKey::OffsetFetch,
+                    fv,
+                    &OffsetFetchRequest::default()
+                        .with_require_stable(true)
+                        .with_groups(vec![OffsetFetchRequestGroup::default()
+                            .with_group_id(GroupId(s(&group)))
+                            .with_topics(None)]),
+                )
+                .await
+        } else {
+            let topics = vec![
+                kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic::default()
+                    .with_name(TopicName(s(topic)))
+                    .with_partition_indexes(vec![0]),
+            ];
+            let mut req = OffsetFetchRequest::default()
+                .with_group_id(GroupId(s(&group)))
+                .with_topics(Some(topics));
+            if fv >= 7 {
+                req = req.with_require_stable(true);
+            }
+            client.call(ApiKey::OffsetFetch, fv, &req).await
+        };
+        let (offset, metadata) = if fv >= 8 {
+            let p = &fetched.groups[0].topics[0].partitions[0];
+            (p.committed_offset, p.metadata.clone())
+        } else {
+            let p = &fetched.topics[0].partitions[0];
+            (p.committed_offset, p.metadata.clone())
+        };
+        assert_eq!(offset, i64::from(v) + 10, "OffsetFetch v{fv}");
+        assert_eq!(metadata.as_ref().map(|m| m.as_str()), Some("meta"));
+
+        let dv = v.min(5);
+        let described: DescribeGroupsResponse = client
+            .call(
+                ApiKey::DescribeGroups,
+                dv,
+                &DescribeGroupsRequest::default().with_groups(vec![GroupId(s(&group))]),
+            )
+            .await;
+        let g = &described.groups[0];
+        assert_eq!(
+            (
+                g.group_state.as_str(),
+                g.protocol_data.as_str(),
+                g.members.len()
+            ),
+            ("Stable", "range", 1),
+            "DescribeGroups v{dv}"
+        );
+        assert_eq!(g.members[0].member_assignment, assignment(topic, &[0]));
+
+        let lv = v.min(5);
+        let listed: ListGroupsResponse = client
+            .call(ApiKey::ListGroups, lv, &ListGroupsRequest::default())
+            .await;
+        assert!(
+            listed.groups.iter().any(|g| g.group_id.as_str() == group),
+            "ListGroups v{lv}"
+        );
+
+        let leave_v = v.min(5);
+        let leave_req = if leave_v >= 3 {
+            LeaveGroupRequest::default()
+                .with_group_id(GroupId(s(&group)))
+                .with_members(vec![MemberIdentity::default().with_member_id(s(&member))])
+        } else {
+            LeaveGroupRequest::default()
+                .with_group_id(GroupId(s(&group)))
+                .with_member_id(s(&member))
+        };
+        let left: LeaveGroupResponse = client.call(ApiKey::LeaveGroup, leave_v, &leave_req).await;
+        assert_eq!(left.error_code, 0, "LeaveGroup v{leave_v}");
+        let (state, members) = describe(&mut client, &group).await;
+        assert_eq!((state.as_str(), members), ("Empty", 0));
+    }
+    broker.shutdown().await;
+}

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
@@ -20,6 +20,9 @@ use super::machine::{
 };
 use super::offsets::{CommittedOffset, OffsetStore, TopicPartition};
 use super::{ErrorCode, GroupConfig, Result};
+
+/// How often the timer forces offsets written without fsync to disk.
+const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Name of the directory under the broker's data directory that holds the group offsets.
 pub const OFFSETS_DIR: &str = "__group_offsets";
@@ -99,6 +102,8 @@ pub struct GroupCoordinator {
     started: Instant,
     next_waiter: AtomicU64,
     nonce: u64,
+    /// Set at shutdown: JoinGroup / SyncGroup are refused and waiting ones released.
+    closing: AtomicBool,
     closed: AtomicBool,
 }
 
@@ -153,6 +158,7 @@ impl GroupCoordinator {
             started: Instant::now(),
             next_waiter: AtomicU64::new(1),
             nonce,
+            closing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         })
     }
@@ -197,6 +203,7 @@ impl GroupCoordinator {
         tokio::spawn(async move {
             let mut interval = tokio::time::interval(every);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_sync = Instant::now();
             loop {
                 interval.tick().await;
                 let Some(coordinator) = weak.upgrade() else {
@@ -206,6 +213,15 @@ impl GroupCoordinator {
                     break;
                 }
                 coordinator.tick();
+                if last_sync.elapsed() >= SYNC_INTERVAL {
+                    last_sync = Instant::now();
+                    let store = coordinator.offsets.clone();
+                    drop(coordinator);
+                    let synced = tokio::task::spawn_blocking(move || store.sync_if_dirty()).await;
+                    if let Ok(Err(e)) = synced {
+                        tracing::warn!(error = %e, "syncing group offsets failed");
+                    }
+                }
             }
         })
     }
@@ -282,9 +298,6 @@ impl GroupCoordinator {
         if group_id.is_empty() {
             return JoinResult::error(&member_id, ResponseError::InvalidGroupId.code());
         }
-        if self.closed.load(Ordering::Acquire) {
-            return JoinResult::error(&member_id, ResponseError::CoordinatorNotAvailable.code());
-        }
         if !Group::session_timeout_valid(&self.config, params.session_timeout_ms) {
             return JoinResult::error(&member_id, ResponseError::InvalidSessionTimeout.code());
         }
@@ -292,6 +305,11 @@ impl GroupCoordinator {
         {
             let now = self.now_ms();
             let mut inner = self.lock();
+            // Checked under the lock so that a request is either refused here or registered
+            // before `begin_shutdown` drains the waiters.
+            if self.closing.load(Ordering::Acquire) {
+                return JoinResult::error(&member_id, ResponseError::NotCoordinator.code());
+            }
             if !inner.groups.contains_key(group_id) {
                 if !member_id.is_empty() {
                     return JoinResult::error(&member_id, ResponseError::UnknownMemberId.code());
@@ -328,6 +346,9 @@ impl GroupCoordinator {
         {
             let now = self.now_ms();
             let mut inner = self.lock();
+            if self.closing.load(Ordering::Acquire) {
+                return SyncResult::error(ResponseError::NotCoordinator.code());
+            }
             if !inner.groups.contains_key(group_id) {
                 return SyncResult::error(ResponseError::UnknownMemberId.code());
             }
@@ -571,13 +592,14 @@ impl GroupCoordinator {
         out
     }
 
-    /// Stops the timer, answers waiting requests with COORDINATOR_NOT_AVAILABLE, and syncs and
-    /// closes the offsets store (broker shutdown).
-    pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+    /// First step of a broker shutdown: refuses new JoinGroup / SyncGroup requests and answers
+    /// the waiting ones with NOT_COORDINATOR (as Kafka does when a coordinator unloads a group),
+    /// so that connections parked in a rebalance can finish. Offset commits still work.
+    pub fn begin_shutdown(&self) {
+        self.closing.store(true, Ordering::Release);
         let mut inner = self.lock();
+        let code = ResponseError::NotCoordinator.code();
         for (_, waiter) in inner.waiters.drain() {
-            let code = ResponseError::CoordinatorNotAvailable.code();
             match waiter {
                 Waiter::Join(tx) => {
                     let _ = tx.send(JoinResult::error("", code));
@@ -587,6 +609,13 @@ impl GroupCoordinator {
                 }
             }
         }
+    }
+
+    /// Stops the timer, releases waiting requests, and syncs and closes the offsets store
+    /// (the end of a broker shutdown).
+    pub fn close(&self) {
+        self.begin_shutdown();
+        self.closed.store(true, Ordering::Release);
         if let Err(e) = self.offsets.close() {
             tracing::warn!(error = %e, "syncing group offsets at shutdown failed");
         }

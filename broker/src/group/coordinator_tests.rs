@@ -235,3 +235,48 @@ async fn generation_survives_reopen_and_fences_old_members() {
     let again = coordinator.join("g", params("", 10_000)).await;
     assert_eq!(again.generation_id, member.generation_id + 1);
 }
+
+#[tokio::test]
+async fn shutdown_releases_waiting_requests_with_not_coordinator() {
+    let coordinator = Arc::new(GroupCoordinator::in_memory(fast_config()));
+    let a = coordinator.join("g", params("", 10_000)).await;
+    assert_eq!(a.error, NONE);
+    // A second member waits for A to rejoin.
+    let c2 = Arc::clone(&coordinator);
+    let waiting = tokio::spawn(async move { c2.join("g", params("", 10_000)).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the newcomer waits for the rebalance"
+    );
+    coordinator.begin_shutdown();
+    let released = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("released at once")
+        .unwrap();
+    assert_eq!(released.error, ResponseError::NotCoordinator.code());
+    assert_eq!(
+        coordinator.join("g", params("", 10_000)).await.error,
+        ResponseError::NotCoordinator.code()
+    );
+    // Offset commits still go through until the store is closed.
+    let codes = coordinator
+        .commit_offsets(
+            "simple",
+            -1,
+            "",
+            vec![(TopicPartition::new("t", 0), off(1))],
+        )
+        .await;
+    assert_eq!(codes, vec![NONE]);
+    coordinator.close();
+    let codes = coordinator
+        .commit_offsets(
+            "simple",
+            -1,
+            "",
+            vec![(TopicPartition::new("t", 0), off(2))],
+        )
+        .await;
+    assert_ne!(codes, vec![NONE], "a closed store refuses commits");
+}

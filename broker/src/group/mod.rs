@@ -23,6 +23,8 @@ mod coordinator_tests;
 pub mod liveness;
 pub mod machine;
 #[cfg(test)]
+mod machine_proptest;
+#[cfg(test)]
 mod machine_tests;
 pub mod member;
 pub mod offsets;

@@ -68,6 +68,8 @@ struct Inner {
     seq: u64,
     log: Option<OffsetsLog>,
     fsync_every_write: bool,
+    /// Appended changes not yet fsynced.
+    dirty: bool,
     closed: bool,
 }
 
@@ -121,6 +123,12 @@ impl Inner {
                         }
                     }
                 }
+            }
+            LogRecord::DeleteTopic { topic } => {
+                for map in self.committed.values_mut() {
+                    map.retain(|tp, _| tp.topic != topic);
+                }
+                self.committed.retain(|_, map| !map.is_empty());
             }
             LogRecord::Generation {
                 group,
@@ -244,6 +252,7 @@ impl OffsetStore {
         let sync = durable && inner.fsync_every_write;
         if let Some(log) = inner.log.as_mut() {
             log.append_with(&record, sync)?;
+            inner.dirty |= !sync;
         }
         inner.apply(record);
         self.maybe_compact(&mut inner)?;
@@ -402,12 +411,53 @@ impl OffsetStore {
         out
     }
 
+    /// Drops every group's committed offsets for `topic` (the topic was deleted, as Kafka's
+    /// coordinator does), so a topic recreated under the same name starts without them.
+    /// Pending transactional offsets are left to their transaction's marker.
+    pub fn delete_topic(&self, topic: &str) -> Result<()> {
+        let present = self
+            .lock()
+            .committed
+            .values()
+            .any(|map| map.keys().any(|tp| tp.topic == topic));
+        if !present {
+            return Ok(());
+        }
+        self.write(LogRecord::DeleteTopic {
+            topic: topic.to_owned(),
+        })
+    }
+
+    /// Every (group, producer id) with transactional offsets still pending, sorted: what the
+    /// transaction coordinator must resolve with [`OffsetStore::complete_txn`] after recovery.
+    pub fn pending_transactions(&self) -> Vec<(String, i64)> {
+        let mut out: Vec<(String, i64)> = self
+            .lock()
+            .pending
+            .iter()
+            .flat_map(|(group, by_producer)| by_producer.keys().map(|id| (group.clone(), *id)))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Forces every appended change to disk.
     pub fn sync(&self) -> Result<()> {
-        match self.lock().log.as_mut() {
+        let mut inner = self.lock();
+        inner.dirty = false;
+        match inner.log.as_mut() {
             Some(log) => log.sync(),
             None => Ok(()),
         }
+    }
+
+    /// Forces appended changes to disk if some were written without fsync (the coordinator's
+    /// timer calls this about once a second).
+    pub fn sync_if_dirty(&self) -> Result<()> {
+        if !self.lock().dirty {
+            return Ok(());
+        }
+        self.sync()
     }
 
     /// Syncs and refuses further changes (broker shutdown).
@@ -541,6 +591,35 @@ mod tests {
         let store = OffsetStore::open(dir.path(), false).unwrap();
         assert_eq!(store.fetch("g", &tp(1)).unwrap().offset, 9);
         assert!(!store.has_pending("g", "t", 1));
+    }
+
+    #[test]
+    fn deleting_a_topic_drops_its_offsets_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = OffsetStore::open(dir.path(), true).unwrap();
+            store
+                .commit(
+                    "g",
+                    vec![(tp(0), off(4)), (TopicPartition::new("u", 0), off(8))],
+                )
+                .unwrap();
+            store.commit("h", vec![(tp(1), off(2))]).unwrap();
+            store.delete_topic("t").unwrap();
+            store.delete_topic("never-committed").unwrap();
+            assert!(store.fetch("g", &tp(0)).is_none());
+            assert_eq!(store.groups_with_offsets(), vec!["g".to_owned()]);
+        }
+        let store = OffsetStore::open(dir.path(), true).unwrap();
+        assert!(store.fetch("g", &tp(0)).is_none());
+        assert!(store.fetch("h", &tp(1)).is_none());
+        assert_eq!(
+            store
+                .fetch("g", &TopicPartition::new("u", 0))
+                .unwrap()
+                .offset,
+            8
+        );
     }
 
     #[test]

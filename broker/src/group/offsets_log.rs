@@ -18,6 +18,7 @@ const KIND_COMMIT: u8 = 1;
 const KIND_STAGE: u8 = 2;
 const KIND_COMPLETE: u8 = 3;
 const KIND_GENERATION: u8 = 4;
+const KIND_DELETE_TOPIC: u8 = 5;
 
 /// Largest payload accepted when reading (guards against a garbled length field).
 const MAX_RECORD_BYTES: u32 = 256 * 1024 * 1024;
@@ -49,6 +50,11 @@ pub enum LogRecord {
         producer_id: i64,
         /// Commit (true) or abort.
         commit: bool,
+    },
+    /// A topic was deleted: every group's committed offsets for it are dropped.
+    DeleteTopic {
+        /// Topic name.
+        topic: String,
     },
     /// A group reached a new generation.
     Generation {
@@ -91,6 +97,10 @@ impl LogRecord {
                 payload.extend_from_slice(&producer_id.to_le_bytes());
                 payload.push(u8::from(*commit));
             }
+            LogRecord::DeleteTopic { topic } => {
+                payload.push(KIND_DELETE_TOPIC);
+                put_str(&mut payload, topic);
+            }
             LogRecord::Generation {
                 group,
                 generation,
@@ -129,6 +139,7 @@ impl LogRecord {
                 producer_id: r.i64()?,
                 commit: r.u8()? != 0,
             },
+            KIND_DELETE_TOPIC => LogRecord::DeleteTopic { topic: r.string()? },
             KIND_GENERATION => LogRecord::Generation {
                 group: r.string()?,
                 generation: r.i32()?,
@@ -418,6 +429,7 @@ mod tests {
                 generation: 4,
                 protocol_type: "consumer".into(),
             },
+            LogRecord::DeleteTopic { topic: "t".into() },
         ];
         for record in records {
             let frame = record.encode();

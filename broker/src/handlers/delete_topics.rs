@@ -41,6 +41,9 @@ pub async fn handle(
         let (code, message) = match outcome {
             Ok(()) => {
                 tracing::info!(%topic, "deleted topic");
+                if let Err(e) = state.groups.offsets().delete_topic(&topic) {
+                    tracing::warn!(%topic, error = %e, "dropping group offsets of deleted topic failed");
+                }
                 (0, None)
             }
             Err(StorageError::UnknownTopic(_)) => {

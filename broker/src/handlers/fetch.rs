@@ -1,6 +1,7 @@
 //! Fetch (v4..=12, sessionless): long poll until `min_bytes` are available or `max_wait_ms`
 //! passes, woken by appends; whole stored batches within the partition and response byte
-//! limits (the first batch always whole, KIP-74); empty partitions carry empty record bytes.
+//! limits (the first batch always whole, KIP-74); empty partitions carry empty record bytes;
+//! read_committed fetches stop at the last stable offset and list aborted transactions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,9 @@ use super::RequestContext;
 use crate::metrics;
 use crate::state::BrokerState;
 use crate::storage::ReadError;
-use crate::txn::CommittedReadError;
+
+/// Fetch `isolation_level` of read_committed consumers.
+pub const READ_COMMITTED: i8 = 1;
 
 /// Longest long poll honoured, whatever the client asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
@@ -87,14 +90,9 @@ fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, 
                 continue;
             };
             let high_watermark = partition.high_watermark();
-            // onceflow-txn (broker-txn helper): the LSO from the transaction layer.
-            let lso = state
-                .txn
-                .last_stable_offset(&partition)
-                .unwrap_or(high_watermark);
             data = data
                 .with_high_watermark(high_watermark)
-                .with_last_stable_offset(lso)
+                .with_last_stable_offset(partition.last_stable_offset())
                 .with_log_start_offset(partition.log_start_offset());
             let limit = usize::try_from(p.partition_max_bytes)
                 .unwrap_or(0)
@@ -105,40 +103,42 @@ fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, 
                 partitions.push(data);
                 continue;
             }
-            // onceflow-txn (broker-txn helper): read_committed stops at the LSO and lists the
-            // aborted transactions overlapping the returned batches (from the index).
-            let read = if req.isolation_level == 1 {
-                match state.txn.read_committed(&partition, p.fetch_offset, limit) {
-                    Ok(r) => {
-                        data = data
-                            .with_last_stable_offset(r.last_stable_offset)
-                            .with_aborted_transactions(Some(
-                                r.aborted
-                                    .iter()
-                                    .map(|a| {
-                                        AbortedTransaction::default()
-                                            .with_producer_id(ProducerId(a.producer_id))
-                                            .with_first_offset(a.first_offset)
-                                    })
-                                    .collect(),
-                            ));
-                        Ok(r.records)
-                    }
-                    Err(CommittedReadError::Read(e)) => Err(e),
-                    Err(CommittedReadError::Txn(e)) => {
-                        Err(ReadError::Storage(crate::storage::StorageError::Corrupt {
-                            path: std::path::PathBuf::from(name),
-                            reason: e.to_string(),
-                        }))
-                    }
-                }
+            let read = if req.isolation_level == READ_COMMITTED {
+                // Only batches below the last stable offset, with the aborted transactions
+                // the client must filter out.
+                partition.read_committed(p.fetch_offset, limit).map(|r| {
+                    let aborted = r
+                        .aborted
+                        .iter()
+                        .map(|a| {
+                            AbortedTransaction::default()
+                                .with_producer_id(ProducerId(a.producer_id))
+                                .with_first_offset(a.first_offset)
+                        })
+                        .collect();
+                    (
+                        r.records,
+                        Some(aborted),
+                        Some((r.high_watermark, r.last_stable_offset)),
+                    )
+                })
             } else {
-                partition.read(p.fetch_offset, limit)
+                partition
+                    .read(p.fetch_offset, limit)
+                    .map(|r| (r, None, None))
             };
             match read {
-                Ok(records) => {
+                Ok((records, aborted, offsets)) => {
                     total += records.len();
                     remaining = remaining.saturating_sub(records.len());
+                    if let Some(aborted) = aborted {
+                        data = data.with_aborted_transactions(Some(aborted));
+                    }
+                    if let Some((high_watermark, last_stable_offset)) = offsets {
+                        data = data
+                            .with_high_watermark(high_watermark)
+                            .with_last_stable_offset(last_stable_offset);
+                    }
                     partitions.push(data.with_records(Some(records)));
                 }
                 Err(ReadError::OffsetOutOfRange {

@@ -1,6 +1,5 @@
-//! ListOffsets (v1..=7): earliest (-2), latest (-1; for read_committed the last stable
-//! offset, which equals the high watermark until transactions exist), max timestamp (-3),
-//! or the first offset at or after a timestamp.
+//! ListOffsets (v1..=7): earliest (-2), latest (-1; for read_committed the partition's last
+//! stable offset), max timestamp (-3), or the first offset at or after a timestamp.
 
 use std::sync::Arc;
 
@@ -28,6 +27,8 @@ pub fn handle(
     ctx: &RequestContext,
     req: ListOffsetsRequest,
 ) -> ListOffsetsResponse {
+    // isolation_level exists from v2; 1 = read_committed: "latest" is the last stable offset.
+    let read_committed = ctx.version >= 2 && req.isolation_level == 1;
     let topics = req
         .topics
         .into_iter()
@@ -49,13 +50,7 @@ pub fn handle(
                             .with_timestamp(-1)
                             .with_offset(-1);
                     };
-                    let (offset, timestamp) = lookup(&partition, p.timestamp);
-                    // onceflow-txn (broker-txn helper): latest under read_committed = LSO.
-                    let offset = if p.timestamp == LATEST && req.isolation_level == 1 {
-                        state.txn.last_stable_offset(&partition).unwrap_or(offset)
-                    } else {
-                        offset
-                    };
+                    let (offset, timestamp) = lookup(&partition, p.timestamp, read_committed);
                     let base = base.with_offset(offset).with_timestamp(timestamp);
                     // The leader epoch field exists from v4 on; encoding refuses it before.
                     if ctx.version >= 4 {
@@ -74,9 +69,10 @@ pub fn handle(
 }
 
 /// (offset, timestamp) for a ListOffsets timestamp; (-1, -1) when no record qualifies.
-fn lookup(partition: &Partition, timestamp: i64) -> (i64, i64) {
+fn lookup(partition: &Partition, timestamp: i64, read_committed: bool) -> (i64, i64) {
     match timestamp {
         EARLIEST => (partition.log_start_offset(), -1),
+        LATEST if read_committed => (partition.last_stable_offset(), -1),
         LATEST => (partition.high_watermark(), -1),
         MAX_TIMESTAMP => max_timestamp(partition).unwrap_or((-1, -1)),
         ts if ts >= 0 => partition.offset_for_timestamp(ts).unwrap_or((-1, -1)),

@@ -71,26 +71,18 @@ pub async fn handle(
         names.push(topic.name);
     }
 
+    let targets: Vec<_> = jobs
+        .iter()
+        .map(|j| j.target.as_ref().ok().cloned())
+        .collect();
     let outcomes = if state.is_durable() {
-        let durable_jobs: Vec<_> = jobs
-            .iter()
-            .map(|j| j.target.as_ref().ok().cloned())
-            .collect();
-        let st = Arc::clone(state);
-        match tokio::task::spawn_blocking(move || append_all(&st, durable_jobs)).await {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
-                tracing::error!(error = %e, "append task failed");
-                jobs.iter().map(|_| None).collect()
-            }
-        }
+        append_in_parallel(state, targets).await
     } else {
-        append_all(
-            state,
-            jobs.iter()
-                .map(|j| j.target.as_ref().ok().cloned())
-                .collect(),
-        )
+        targets
+            .into_iter()
+            // onceflow-txn (broker-txn helper): through the transaction layer.
+            .map(|job| job.map(|(partition, records)| state.txn.append(&partition, records)))
+            .collect()
     };
 
     let mut appended = false;
@@ -167,13 +159,47 @@ pub async fn handle(
 // transactional batches against the coordinator and records their first offsets.
 type AppendResult = Result<AppendOutcome, TxnProduceError>;
 
-fn append_all(
-    state: &BrokerState,
+/// Appends on the blocking pool, one task per partition so their fsyncs overlap; appends
+/// to the same partition stay in request order. `None` marks a task that died.
+async fn append_in_parallel(
+    state: &Arc<BrokerState>,
     jobs: Vec<Option<(Arc<Partition>, Bytes)>>,
 ) -> Vec<Option<AppendResult>> {
-    jobs.into_iter()
-        .map(|job| job.map(|(partition, records)| state.txn.append(&partition, records)))
-        .collect()
+    // (partition, [(job slot, records)])
+    type Group = (Arc<Partition>, Vec<(usize, Bytes)>);
+    let mut groups: Vec<Group> = Vec::new();
+    for (slot, job) in jobs.iter().enumerate() {
+        if let Some((partition, records)) = job {
+            match groups.iter_mut().find(|(p, _)| Arc::ptr_eq(p, partition)) {
+                Some((_, group)) => group.push((slot, records.clone())),
+                None => groups.push((Arc::clone(partition), vec![(slot, records.clone())])),
+            }
+        }
+    }
+    let tasks: Vec<_> = groups
+        .into_iter()
+        .map(|(partition, group)| {
+            let state = Arc::clone(state); // onceflow-txn
+            tokio::task::spawn_blocking(move || {
+                group
+                    .into_iter()
+                    .map(|(slot, records)| (slot, state.txn.append(&partition, records)))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut outcomes: Vec<Option<AppendResult>> = jobs.iter().map(|_| None).collect();
+    for task in tasks {
+        match task.await {
+            Ok(results) => {
+                for (slot, result) in results {
+                    outcomes[slot] = Some(result);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "append task failed"),
+        }
+    }
+    outcomes
 }
 
 /// The Kafka error code (and message) for a refused append.

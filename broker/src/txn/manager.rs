@@ -1,10 +1,14 @@
-//! [`TxnManager`]: the broker-facing transaction service. It owns the coordinator and the
-//! per-partition transaction layers, writes markers, answers the transactional APIs, guards
-//! transactional Produce, serves read_committed reads, and runs the timeout/expiry task.
+//! [`TxnManager`]: the broker-facing transaction service. It owns the coordinator, answers
+//! the transactional APIs, guards transactional Produce, writes markers through the storage
+//! (which keeps each partition's open transactions, last stable offset and aborted index),
+//! and runs the timeout/expiry task.
 //!
-//! Lock order: a partition's transaction lock may be held while taking the coordinator lock
-//! (Produce checks), never the other way round (markers are written after the coordinator
-//! lock is released).
+//! Per partition, a transactional append (coordinator check + append) and a marker write
+//! (open-transaction check + marker) each run under the partition's transaction lock, so a
+//! batch that passed the check cannot land after its transaction's marker. Lock order: a
+//! partition's transaction lock may be held while taking the coordinator lock (Produce
+//! checks), never the other way round (markers are written after the coordinator lock is
+//! released).
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -17,13 +21,10 @@ use kafka_protocol::ResponseError;
 use super::coordinator::{Coordinator, CoordinatorConfig, MarkerJob, ProducerIdSource, Step};
 use super::error::{Result, TxnError};
 use super::log::{LogImage, TxnLog};
-use super::marker::{build_marker, MarkerKind};
 use super::metrics;
-use super::partition_state::AbortedTxn;
-use super::partition_txn::{for_each_batch, PartitionTxn};
 use super::state::TopicPartition;
 use crate::storage::batch::parse_header;
-use crate::storage::{AppendError, AppendOutcome, Partition, ReadError, Store};
+use crate::storage::{AppendError, AppendOutcome, Partition, Store};
 
 /// Name of the transaction-state directory inside the broker's data dir.
 pub const TXN_DIR: &str = "__transaction_state";
@@ -69,28 +70,6 @@ pub enum TxnProduceError {
     Txn(#[from] TxnError),
 }
 
-/// Data a read_committed fetch may return.
-#[derive(Debug, Clone)]
-pub struct CommittedRead {
-    /// Whole batches below the last stable offset.
-    pub records: Bytes,
-    /// The last stable offset.
-    pub last_stable_offset: i64,
-    /// Aborted transactions overlapping the returned range.
-    pub aborted: Vec<AbortedTxn>,
-}
-
-/// Why a read_committed fetch failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CommittedReadError {
-    /// The log refused the read (offset out of range, I/O).
-    #[error(transparent)]
-    Read(#[from] ReadError),
-    /// Transaction state could not be loaded.
-    #[error(transparent)]
-    Txn(#[from] TxnError),
-}
-
 #[derive(Default)]
 struct Hooks {
     offsets: Option<Arc<dyn TxnOffsetsSink>>,
@@ -102,7 +81,7 @@ pub struct TxnManager {
     store: Store,
     root: Option<PathBuf>,
     coordinator: Mutex<Coordinator>,
-    partitions: Mutex<HashMap<TopicPartition, Arc<PartitionTxn>>>,
+    partition_locks: Mutex<HashMap<TopicPartition, Arc<Mutex<()>>>>,
     in_flight: Mutex<HashSet<String>>,
     hooks: RwLock<Hooks>,
     marker_delay: Duration,
@@ -124,9 +103,10 @@ pub fn now_ms() -> i64 {
 }
 
 impl TxnManager {
-    /// Opens the transaction log and recovers: transactions found in PrepareCommit /
-    /// PrepareAbort get their markers written again (idempotently); Ongoing ones stay open
-    /// until their timeout aborts them.
+    /// Opens the transaction log. Call [`TxnManager::complete_pending`] once the group
+    /// offsets store is connected: transactions found in PrepareCommit / PrepareAbort then
+    /// get their markers written again (idempotently); Ongoing ones stay open until their
+    /// timeout aborts them.
     pub fn open(
         store: Store,
         config: TxnConfig,
@@ -144,26 +124,28 @@ impl TxnManager {
             ),
         };
         let coordinator = Coordinator::open(config.coordinator, log, image, pids)?;
-        let pending = coordinator.pending_jobs();
-        let mut mgr = TxnManager {
+        Ok(Arc::new(TxnManager {
             store,
             root,
             coordinator: Mutex::new(coordinator),
-            partitions: Mutex::new(HashMap::new()),
+            partition_locks: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashSet::new()),
             hooks: RwLock::new(Hooks::default()),
-            marker_delay: Duration::ZERO,
-        };
+            marker_delay: config.marker_delay,
+        }))
+    }
+
+    /// Recovery: writes the markers of every transaction in PrepareCommit / PrepareAbort
+    /// (after a restart). Failures are logged and retried by the background task.
+    pub fn complete_pending(&self) {
+        let pending = self.coordinator().pending_jobs();
         for job in pending {
             tracing::info!(transactional_id = %job.transactional_id, kind = ?job.kind,
                 "completing a prepared transaction found on restart");
-            if let Err(e) = mgr.run_job(&job) {
+            if let Err(e) = self.run_job_opts(&job, false) {
                 tracing::warn!(error = %e, "completing a recovered transaction failed; will retry");
             }
         }
-        // The failpoint applies to live requests only, not to recovery.
-        mgr.marker_delay = config.marker_delay;
-        Ok(Arc::new(mgr))
     }
 
     /// Connects the group offsets store (markers for AddOffsetsToTxn groups).
@@ -191,32 +173,31 @@ impl TxnManager {
         self.coordinator().config()
     }
 
+    /// A copy of the coordinator's metadata of `transactional_id`, if known.
+    pub fn describe(&self, transactional_id: &str) -> Option<super::state::TxnMetadata> {
+        self.coordinator().get(transactional_id).cloned()
+    }
+
     /// Transactions open or completing.
     pub fn open_transactions(&self) -> usize {
         self.coordinator().open_transactions()
     }
 
-    /// The transaction layer of `partition`, recovering it on first use.
-    pub fn partition_txn(&self, partition: &Arc<Partition>) -> Result<Arc<PartitionTxn>> {
+    /// The transaction lock of `partition`.
+    fn partition_lock(&self, partition: &Partition) -> Arc<Mutex<()>> {
         let key = (partition.topic().to_string(), partition.index());
-        let mut map = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = map.get(&key) {
-            if Arc::ptr_eq(&p.partition, partition) {
-                return Ok(p.clone());
-            }
-        }
-        let p = Arc::new(PartitionTxn::recover(
-            partition.clone(),
-            self.root.as_deref(),
-        )?);
-        map.insert(key, p.clone());
-        Ok(p)
+        self.partition_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default()
+            .clone()
     }
 
     /// Appends a Produce request's records to `partition`. Transactional batches are
     /// checked against the coordinator (current epoch, partition added to the open
-    /// transaction) and open the producer's transaction on the partition; other batches go
-    /// straight to the store.
+    /// transaction) under the partition's transaction lock; the store records the
+    /// transaction's first offset. Other batches go straight to the store.
     pub fn append(
         &self,
         partition: &Arc<Partition>,
@@ -226,8 +207,8 @@ impl TxnManager {
             Ok(h) if h.is_transactional() && h.has_producer_id() && !h.is_control() => h,
             _ => return Ok(partition.append(records)?),
         };
-        let pt = self.partition_txn(partition)?;
-        let mut g = pt.lock();
+        let lock = self.partition_lock(partition);
+        let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(code) = self.coordinator().check_produce(
             header.producer_id,
             header.producer_epoch,
@@ -245,54 +226,7 @@ impl TxnManager {
             );
             return Err(TxnProduceError::Refused(code));
         }
-        let outcome = partition.append(records)?;
-        if !outcome.duplicate {
-            g.observe_data(header.producer_id, outcome.base_offset);
-        }
-        Ok(outcome)
-    }
-
-    /// The last stable offset of `partition` (also updates the LSO lag gauge).
-    pub fn last_stable_offset(&self, partition: &Arc<Partition>) -> Result<i64> {
-        let pt = self.partition_txn(partition)?;
-        let lso = pt.last_stable_offset();
-        record_lso_lag(partition, lso);
-        Ok(lso)
-    }
-
-    /// A read_committed read: whole batches from `fetch_offset` below the LSO, with the
-    /// aborted transactions (from the index) overlapping what is returned.
-    pub fn read_committed(
-        &self,
-        partition: &Arc<Partition>,
-        fetch_offset: i64,
-        max_bytes: usize,
-    ) -> std::result::Result<CommittedRead, CommittedReadError> {
-        let pt = self.partition_txn(partition)?;
-        let lso = pt.last_stable_offset();
-        record_lso_lag(partition, lso);
-        let raw = partition.read(fetch_offset, max_bytes)?;
-        let mut end = 0usize;
-        let mut upper = fetch_offset;
-        let mut pos = 0usize;
-        for_each_batch(&raw, |batch, h| {
-            pos += batch.len();
-            if h.base_offset < lso {
-                end = pos;
-                upper = upper.max(h.last_offset() + 1);
-            }
-        });
-        let records = raw.slice(..end);
-        let aborted = if end == 0 {
-            Vec::new()
-        } else {
-            pt.lock().state.aborted_between(fetch_offset, upper)
-        };
-        Ok(CommittedRead {
-            records,
-            last_stable_offset: lso,
-            aborted,
-        })
+        Ok(partition.append(records)?)
     }
 
     /// InitProducerId with a transactional id. A fenced open transaction is aborted before
@@ -390,13 +324,18 @@ impl TxnManager {
     /// data (a partition that already got its marker is skipped, so re-running is
     /// idempotent), completes its group offsets, and records CompleteCommit/CompleteAbort.
     pub fn run_job(&self, job: &MarkerJob) -> Result<()> {
+        self.run_job_opts(job, true)
+    }
+
+    /// [`TxnManager::run_job`]; `failpoint` false skips the test delay (recovery).
+    fn run_job_opts(&self, job: &MarkerJob, failpoint: bool) -> Result<()> {
         {
             let mut fl = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
             if !fl.insert(job.transactional_id.clone()) {
                 return Ok(());
             }
         }
-        let result = self.run_job_inner(job);
+        let result = self.run_job_inner(job, failpoint);
         self.in_flight
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -404,8 +343,8 @@ impl TxnManager {
         result
     }
 
-    fn run_job_inner(&self, job: &MarkerJob) -> Result<()> {
-        if !self.marker_delay.is_zero() {
+    fn run_job_inner(&self, job: &MarkerJob, failpoint: bool) -> Result<()> {
+        if failpoint && !self.marker_delay.is_zero() {
             tracing::warn!(delay = ?self.marker_delay, "test failpoint: delaying markers");
             std::thread::sleep(self.marker_delay);
         }
@@ -420,27 +359,30 @@ impl TxnManager {
                 tracing::warn!(%topic, partition = index, "partition of a transaction is gone; no marker");
                 continue;
             };
-            let pt = self.partition_txn(&partition)?;
-            let mut g = pt.lock();
-            if !g.state.is_open(job.producer_id) {
+            let lock = self.partition_lock(&partition);
+            let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+            // Only where the producer's transaction is open: re-running a job (recovery, a
+            // retry) does not write a second marker.
+            let open = partition
+                .producer_state(job.producer_id)
+                .is_some_and(|e| e.txn_first_offset.is_some());
+            if !open {
                 continue;
             }
-            let marker = build_marker(
-                job.kind,
-                job.producer_id,
-                job.producer_epoch,
-                job.coordinator_epoch,
-                now_ms(),
-            );
-            let outcome = partition
-                .append_control(marker)
+            partition
+                .append_marker(
+                    job.producer_id,
+                    job.producer_epoch,
+                    job.kind.is_commit(),
+                    job.coordinator_epoch,
+                    now_ms(),
+                )
                 .map_err(|e| TxnError::Marker {
                     topic: topic.clone(),
                     partition: *index,
                     reason: e.to_string(),
                 })?;
-            g.observe_marker(job.producer_id, job.kind, outcome.base_offset)?;
-            drop(g);
+            drop(guard);
             if let Some(n) = &notifier {
                 n(topic, *index);
             }
@@ -455,7 +397,7 @@ impl TxnManager {
             for group in &job.groups {
                 match &sink {
                     Some(s) => s
-                        .complete_txn(group, job.producer_id, job.kind == MarkerKind::Commit)
+                        .complete_txn(group, job.producer_id, job.kind.is_commit())
                         .map_err(|reason| TxnError::Marker {
                             topic: format!("group offsets of {group}"),
                             partition: -1,
@@ -472,12 +414,8 @@ impl TxnManager {
                 }
             }
         }
-        let result = match job.kind {
-            MarkerKind::Commit => "commit",
-            MarkerKind::Abort => "abort",
-        };
         if self.coordinator().complete(job, now_ms())?.is_some() {
-            metrics::counter!(metrics::COMPLETED, "result" => result).increment(1);
+            metrics::counter!(metrics::COMPLETED, "result" => job.kind.label()).increment(1);
         }
         Ok(())
     }
@@ -496,23 +434,22 @@ impl TxnManager {
         Ok(())
     }
 
-    /// Writes every partition's open-transaction snapshot (shutdown, periodically).
-    pub fn snapshot_all(&self) -> Result<()> {
-        let parts: Vec<Arc<PartitionTxn>> = self
-            .partitions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        for p in parts {
-            p.snapshot()?;
+    /// Publishes the LSO lag (high watermark - last stable offset) of every partition.
+    pub fn record_lso_lag(&self) {
+        for (topic, count) in self.store.topics() {
+            for index in 0..count {
+                if let Some(p) = self.store.partition(&topic, index) {
+                    let lag = (p.high_watermark() - p.last_stable_offset()).max(0);
+                    metrics::gauge!(metrics::LSO_LAG, "topic" => topic.clone(),
+                        "partition" => index.to_string())
+                    .set(lag as f64);
+                }
+            }
         }
-        Ok(())
     }
 
-    /// Runs [`TxnManager::tick`] every `period` and snapshots every 50 ticks, until the
-    /// returned task is aborted.
+    /// Runs [`TxnManager::tick`] every `period` and publishes the LSO lag every 10 ticks,
+    /// until the returned task is aborted.
     pub fn spawn_background(self: &Arc<Self>, period: Duration) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
@@ -525,8 +462,8 @@ impl TxnManager {
                 let m = me.clone();
                 let res = tokio::task::spawn_blocking(move || {
                     m.tick()?;
-                    if n % 50 == 0 {
-                        m.snapshot_all()?;
+                    if n % 10 == 0 {
+                        m.record_lso_lag();
                     }
                     Ok::<(), TxnError>(())
                 })
@@ -539,13 +476,6 @@ impl TxnManager {
             }
         })
     }
-}
-
-fn record_lso_lag(partition: &Partition, lso: i64) {
-    let lag = (partition.high_watermark() - lso).max(0);
-    metrics::gauge!(metrics::LSO_LAG, "topic" => partition.topic().to_string(),
-        "partition" => partition.index().to_string())
-    .set(lag as f64);
 }
 
 fn code_label(code: ResponseError) -> &'static str {

@@ -1,7 +1,7 @@
 //! Kafka transactions for the reference broker: the transaction coordinator (state machine
-//! and durable transaction log), the partition-level layer (open transactions, last stable
-//! offset, persisted aborted-transaction index, COMMIT/ABORT control batches), recovery after
-//! a crash, timeouts and expiry. See `broker/docs/TRANSACTIONS.md`.
+//! and durable transaction log), the Produce-side guard, marker writing (the partition-level
+//! open transactions, last stable offset and aborted-transaction index live in the storage),
+//! recovery after a crash, timeouts and expiry. See `broker/docs/TRANSACTIONS.md`.
 
 pub mod coordinator;
 pub mod error;
@@ -9,21 +9,14 @@ pub mod log;
 pub mod manager;
 pub mod marker;
 pub mod metrics;
-pub mod partition_index;
-pub mod partition_state;
-pub mod partition_txn;
 pub mod state;
 
 pub use coordinator::{
     AbortCause, Coordinator, CoordinatorConfig, CountingProducerIds, MarkerJob, ProducerIdSource,
 };
 pub use error::{Result, TxnError};
-pub use manager::{
-    now_ms, AppendNotifier, CommittedRead, CommittedReadError, TxnConfig, TxnManager,
-    TxnOffsetsSink, TxnProduceError,
-};
+pub use manager::{now_ms, AppendNotifier, TxnConfig, TxnManager, TxnOffsetsSink, TxnProduceError};
 pub use marker::MarkerKind;
-pub use partition_state::AbortedTxn;
 pub use state::{TxnMetadata, TxnState};
 
 impl ProducerIdSource for crate::producer_ids::ProducerIdAllocator {

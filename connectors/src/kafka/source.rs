@@ -103,6 +103,25 @@ pub struct KafkaSourceReader<T> {
     link: Option<OffsetsLink>,
     subtask: usize,
     parallelism: usize,
+    last_transient_log: std::time::Instant,
+}
+
+/// Errors librdkafka recovers from by itself (broker down or restarting).
+fn is_transient(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::AllBrokersDown
+                | C::BrokerTransportFailure
+                | C::NotCoordinator
+                | C::CoordinatorNotAvailable
+                | C::LeaderNotAvailable
+                | C::NotLeaderForPartition
+                | C::RequestTimedOut
+                | C::OperationTimedOut
+        )
+    )
 }
 
 fn partition_count(
@@ -178,6 +197,9 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
             link: self.link.clone(),
             subtask: info.index,
             parallelism: info.parallelism,
+            last_transient_log: std::time::Instant::now()
+                .checked_sub(Duration::from_secs(60))
+                .unwrap_or_else(std::time::Instant::now),
         })
     }
 }
@@ -241,6 +263,14 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
         while n < max {
             match self.consumer.poll(Duration::ZERO) {
                 None => break,
+                Some(Err(e)) if is_transient(&e) => {
+                    // librdkafka reconnects by itself (e.g. a broker restart): wait
+                    if self.last_transient_log.elapsed() > Duration::from_secs(5) {
+                        tracing::warn!(subtask = self.subtask, error = %e, "kafka source: broker unavailable, retrying");
+                        self.last_transient_log = std::time::Instant::now();
+                    }
+                    return Ok(SourcePoll::Idle(Duration::from_millis(100)));
+                }
                 Some(Err(e)) => {
                     return Err(KafkaError::client("consuming", e).into());
                 }

@@ -1,0 +1,150 @@
+//! The two-phase-commit KafkaSink against the in-process broker: pre-committed output is
+//! invisible to read_committed until commit; recovery commits a crashed sink's pre-committed
+//! transaction exactly once (also when recovery runs twice); recovery of an aborted
+//! transaction fails loudly naming the checkpoint; a too short transaction timeout is refused.
+
+mod kafka_support;
+
+use std::time::Duration;
+
+use kafka_support::{broker, info, read_committed};
+use onceflow_connectors::kafka::{committer, KafkaPending, KafkaSink, KafkaSinkConfig, SinkRecord};
+use onceflow_runtime::{Sink, SinkFactory};
+
+fn records(from: usize, n: usize) -> Vec<SinkRecord> {
+    (from..from + n)
+        .map(|i| {
+            SinkRecord::new(
+                Some(format!("k{}", i % 3).into_bytes()),
+                format!("r{i}").into_bytes(),
+            )
+        })
+        .collect()
+}
+
+fn sink(brokers: &str, topic: &str, prefix: &str) -> KafkaSink {
+    KafkaSink::new(
+        KafkaSinkConfig::new(brokers, topic)
+            .transactional_id_prefix(prefix)
+            .transaction_timeout(Duration::from_secs(60))
+            .checkpoint_interval(Duration::from_secs(1))
+            .recovery_allowance(Duration::from_secs(10)),
+    )
+}
+
+const QUIET: Duration = Duration::from_millis(1500);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invisible_until_commit() {
+    let b = broker(2).await;
+    let brokers = b.bootstrap_servers();
+    let factory = sink(&brokers, "out1", "t1");
+    let mut w = factory.create(&info(0, 1, 0)).expect("create");
+    w.recover(Vec::new()).await.expect("recover");
+    w.write_batch(records(0, 50)).await.expect("write");
+    let p = w.pre_commit(1).await.expect("pre_commit").expect("pending");
+    let KafkaPending::TwoPhase(tp) = &p else {
+        panic!("mode")
+    };
+    let t = tp.txn.as_ref().expect("a transaction");
+    assert_eq!(t.records, 50);
+    assert!(t.producer_id >= 0 && t.epoch >= 0);
+    // written after the barrier: belongs to the next transaction
+    w.write_batch(records(50, 10)).await.expect("write");
+    assert!(
+        read_committed(&brokers, "out1", 2, QUIET).is_empty(),
+        "visible before commit"
+    );
+    w.commit(1, p).await.expect("commit");
+    let seen = read_committed(&brokers, "out1", 2, QUIET);
+    assert_eq!(seen.len(), 50, "exactly checkpoint 1's records");
+    let p2 = w.pre_commit(2).await.expect("pre_commit").expect("pending");
+    w.commit(2, p2).await.expect("commit");
+    assert_eq!(read_committed(&brokers, "out1", 2, QUIET).len(), 60);
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_commits_a_crashed_sinks_transaction_once() {
+    let b = broker(2).await;
+    let brokers = b.bootstrap_servers();
+    let factory = sink(&brokers, "out2", "t2");
+    let mut w = factory.create(&info(0, 1, 0)).expect("create");
+    w.recover(Vec::new()).await.expect("recover");
+    w.write_batch(records(0, 40)).await.expect("write");
+    let p = w.pre_commit(1).await.expect("pre_commit").expect("pending");
+    // more output after the barrier that must never become visible
+    w.write_batch(records(1000, 5)).await.expect("write");
+    w.pre_commit(2)
+        .await
+        .expect("pre_commit 2 (checkpoint 2 never completes)");
+    w.write_batch(records(2000, 5)).await.expect("write");
+    drop(w); // crash: checkpoint 1 complete, commit never ran
+
+    // restart from checkpoint 1 (a new factory, as in a new process)
+    let factory = sink(&brokers, "out2", "t2");
+    let mut r = factory.create(&info(0, 1, 1)).expect("create");
+    r.recover(vec![p.clone()]).await.expect("recovery commit");
+    let seen = read_committed(&brokers, "out2", 2, QUIET);
+    assert_eq!(
+        seen.len(),
+        40,
+        "checkpoint 1's output once, nothing of the open transactions: {seen:?}"
+    );
+    drop(r);
+    // crash again before any new checkpoint: recovery of the same checkpoint is idempotent
+    let factory = sink(&brokers, "out2", "t2");
+    let mut r = factory.create(&info(0, 1, 1)).expect("create");
+    r.recover(vec![p]).await.expect("second recovery");
+    r.write_batch(records(40, 10)).await.expect("write");
+    let p3 = r.pre_commit(3).await.expect("pre_commit").expect("pending");
+    r.commit(3, p3).await.expect("commit");
+    let seen = read_committed(&brokers, "out2", 2, QUIET);
+    assert_eq!(seen.len(), 50);
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_of_an_aborted_transaction_fails_loudly() {
+    let b = broker(1).await;
+    let brokers = b.bootstrap_servers();
+    let factory = sink(&brokers, "out3", "t3");
+    let mut w = factory.create(&info(0, 1, 0)).expect("create");
+    w.recover(Vec::new()).await.expect("recover");
+    w.write_batch(records(0, 10)).await.expect("write");
+    let p = w.pre_commit(7).await.expect("pre_commit").expect("pending");
+    let KafkaPending::TwoPhase(tp) = &p else {
+        panic!("mode")
+    };
+    let t = tp.txn.clone().expect("txn");
+    drop(w);
+    // the broker aborts it (as a transaction timeout would)
+    let code =
+        committer::end_txn_once(&brokers, &t.transactional_id, t.producer_id, t.epoch, false)
+            .await
+            .expect("EndTxn abort");
+    assert_eq!(code, 0);
+    let factory = sink(&brokers, "out3", "t3");
+    let mut r = factory.create(&info(0, 1, 7)).expect("create");
+    let err = r.recover(vec![p]).await.expect_err("must fail").to_string();
+    assert!(err.contains("DATA LOSS"), "{err}");
+    assert!(err.contains("checkpoint 7"), "{err}");
+    assert!(read_committed(&brokers, "out3", 1, QUIET).is_empty());
+    b.shutdown().await;
+}
+
+#[test]
+fn a_timeout_shorter_than_the_interval_is_refused() {
+    let factory = KafkaSink::new(
+        KafkaSinkConfig::new("127.0.0.1:1", "x")
+            .transaction_timeout(Duration::from_millis(500))
+            .checkpoint_interval(Duration::from_secs(1)),
+    );
+    let err = factory
+        .create(&info(0, 1, 0))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("must exceed checkpoint interval"), "{err}");
+    assert!(err.contains("raise --transaction-timeout-ms"), "{err}");
+}
