@@ -49,7 +49,8 @@ impl BatchHeader {
 
     /// Offset of the last record.
     pub fn last_offset(&self) -> i64 {
-        self.base_offset + i64::from(self.last_offset_delta)
+        self.base_offset
+            .saturating_add(i64::from(self.last_offset_delta))
     }
 
     /// Bytes of the whole batch, offset and length fields included.

@@ -3,7 +3,8 @@
 //! Start one in-process with [`start`] (tests, examples) or run the `onceflow-broker` binary.
 //! Layers, from the wire inwards:
 //! - [`server`]: the tokio listener, one task per connection, ordered request pipelining;
-//! - [`codec`]: length-prefixed frames, request headers, response encoding;
+//! - [`codec`]: length-prefixed frames, request headers, response encoding, with
+//!   [`request_guard`] refusing array counts a frame cannot hold before decoding;
 //! - [`handlers`]: one module per Kafka API, dispatched from the advertised version table;
 //! - [`storage`]: per-partition logs (durable or in-memory), idempotent-producer state.
 //!

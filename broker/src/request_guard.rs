@@ -155,8 +155,14 @@ fn min_len(flexible: bool, classic: usize) -> usize {
     }
 }
 
-/// Advertised APIs whose request bodies hold no arrays, so the decoder cannot over-reserve.
-pub const WITHOUT_ARRAYS: &[ApiKey] = &[ApiKey::ApiVersions, ApiKey::InitProducerId];
+/// APIs whose request bodies hold no arrays, so the decoder cannot over-reserve.
+pub const WITHOUT_ARRAYS: &[ApiKey] = &[
+    ApiKey::ApiVersions,
+    ApiKey::InitProducerId,
+    ApiKey::AddOffsetsToTxn,
+    ApiKey::EndTxn,
+    ApiKey::Heartbeat,
+];
 
 /// APIs this module walks. Every API added to the advertised table must be here (with a walk
 /// below) or in [`WITHOUT_ARRAYS`]; a unit test enforces it.
@@ -168,6 +174,33 @@ pub const WALKED: &[ApiKey] = &[
     ApiKey::CreateTopics,
     ApiKey::DeleteTopics,
     ApiKey::DescribeConfigs,
+    // Transaction and group coordinator APIs (all versions the crate knows up to those
+    // listed in `coordinator_versions`).
+    ApiKey::AddPartitionsToTxn,
+    ApiKey::TxnOffsetCommit,
+    ApiKey::FindCoordinator,
+    ApiKey::JoinGroup,
+    ApiKey::SyncGroup,
+    ApiKey::LeaveGroup,
+    ApiKey::OffsetCommit,
+    ApiKey::OffsetFetch,
+    ApiKey::DescribeGroups,
+    ApiKey::ListGroups,
+];
+
+/// Highest version walked for each coordinator API in [`WALKED`] (their schemas change
+/// beyond these); higher versions pass unchecked and must not be advertised unwalked.
+pub const COORDINATOR_MAX_VERSIONS: &[(ApiKey, i16)] = &[
+    (ApiKey::AddPartitionsToTxn, 5),
+    (ApiKey::TxnOffsetCommit, 5),
+    (ApiKey::FindCoordinator, 6),
+    (ApiKey::JoinGroup, 9),
+    (ApiKey::SyncGroup, 5),
+    (ApiKey::LeaveGroup, 5),
+    (ApiKey::OffsetCommit, 9),
+    (ApiKey::OffsetFetch, 9),
+    (ApiKey::DescribeGroups, 6),
+    (ApiKey::ListGroups, 5),
 ];
 
 /// Walks a request body of `api` at `version` (whose header has been consumed). APIs not in
@@ -178,8 +211,11 @@ pub fn check(api: ApiKey, version: i16, body: &[u8]) -> Result<()> {
 
 /// [`check`], returning how many bytes the walk consumed (all of them for a well-formed body).
 fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
-    if let Some(consumed) = groups::walk(api, version, body)? {
-        return Ok(consumed);
+    let beyond_walked = COORDINATOR_MAX_VERSIONS
+        .iter()
+        .any(|&(key, max)| key == api && version > max);
+    if beyond_walked {
+        return Ok(body.len());
     }
     let flexible = match api {
         ApiKey::Produce => version >= 9,
@@ -189,6 +225,16 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
         ApiKey::CreateTopics => version >= 5,
         ApiKey::DeleteTopics => version >= 4,
         ApiKey::DescribeConfigs => version >= 4,
+        ApiKey::AddPartitionsToTxn => version >= 3,
+        ApiKey::TxnOffsetCommit => version >= 3,
+        ApiKey::FindCoordinator => version >= 3,
+        ApiKey::JoinGroup => version >= 6,
+        ApiKey::SyncGroup => version >= 4,
+        ApiKey::LeaveGroup => version >= 4,
+        ApiKey::OffsetCommit => version >= 8,
+        ApiKey::OffsetFetch => version >= 6,
+        ApiKey::DescribeGroups => version >= 5,
+        ApiKey::ListGroups => version >= 3,
         _ => return Ok(body.len()),
     };
     let w = &mut Walker {
@@ -311,14 +357,182 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
                 w.skip(1)?; // include_documentation
             }
         }
-        _ => {}
+        _ => walk_coordinator(w, api, version)?,
     }
     w.tags()?;
     Ok(w.pos)
 }
 
-#[path = "request_guard_groups.rs"]
-mod groups;
+/// The transaction and group coordinator requests (body fields before the final tags).
+fn walk_coordinator(w: &mut Walker<'_>, api: ApiKey, version: i16) -> Result<()> {
+    let flexible = w.flexible;
+    let s = min_len(flexible, 2); // string
+    let a = min_len(flexible, 4); // array
+    let b = min_len(flexible, 4); // bytes
+    let t = usize::from(flexible); // tag section
+                                   // A topic with an array of i32 partitions (AddPartitionsToTxn, OffsetFetch).
+    let topic_with_partition_ids = |w: &mut Walker<'_>| -> Result<()> {
+        w.string()?; // name
+        w.array(4, |w| w.skip(4))?;
+        w.tags()
+    };
+    match api {
+        ApiKey::AddPartitionsToTxn if version >= 4 => {
+            w.array(s + 8 + 2 + 1 + a + t, |w| {
+                w.string()?; // transactional_id
+                w.skip(8 + 2 + 1)?; // producer_id, producer_epoch, verify_only
+                w.array(s + a + t, topic_with_partition_ids)?;
+                w.tags()
+            })?;
+        }
+        ApiKey::AddPartitionsToTxn => {
+            w.string()?; // transactional_id
+            w.skip(8 + 2)?; // producer_id, producer_epoch
+            w.array(s + a + t, topic_with_partition_ids)?;
+        }
+        ApiKey::TxnOffsetCommit => {
+            w.string()?; // transactional_id
+            w.string()?; // group_id
+            w.skip(8 + 2)?; // producer_id, producer_epoch
+            if version >= 3 {
+                w.skip(4)?; // generation_id
+                w.string()?; // member_id
+                w.string()?; // group_instance_id
+            }
+            let partition = 4 + 8 + if version >= 2 { 4 } else { 0 };
+            w.array(s + a + t, |w| {
+                w.string()?; // name
+                w.array(partition + s + t, |w| {
+                    w.skip(partition)?; // index, offset, leader epoch
+                    w.string()?; // metadata
+                    w.tags()
+                })?;
+                w.tags()
+            })?;
+        }
+        ApiKey::FindCoordinator => {
+            if version <= 3 {
+                w.string()?; // key
+            }
+            if version >= 1 {
+                w.skip(1)?; // key_type
+            }
+            if version >= 4 {
+                w.array(s, |w| w.string())?; // coordinator_keys
+            }
+        }
+        ApiKey::JoinGroup => {
+            w.string()?; // group_id
+            w.skip(4)?; // session_timeout_ms
+            if version >= 1 {
+                w.skip(4)?; // rebalance_timeout_ms
+            }
+            w.string()?; // member_id
+            if version >= 5 {
+                w.string()?; // group_instance_id
+            }
+            w.string()?; // protocol_type
+            w.array(s + b + t, |w| {
+                w.string()?; // name
+                w.bytes()?; // metadata
+                w.tags()
+            })?;
+            if version >= 8 {
+                w.string()?; // reason
+            }
+        }
+        ApiKey::SyncGroup => {
+            w.string()?; // group_id
+            w.skip(4)?; // generation_id
+            w.string()?; // member_id
+            if version >= 3 {
+                w.string()?; // group_instance_id
+            }
+            if version >= 5 {
+                w.string()?; // protocol_type
+                w.string()?; // protocol_name
+            }
+            w.array(s + b + t, |w| {
+                w.string()?; // member_id
+                w.bytes()?; // assignment
+                w.tags()
+            })?;
+        }
+        ApiKey::LeaveGroup => {
+            w.string()?; // group_id
+            if version <= 2 {
+                w.string()?; // member_id
+            } else {
+                let reason = if version >= 5 { s } else { 0 };
+                w.array(s + s + reason + t, |w| {
+                    w.string()?; // member_id
+                    w.string()?; // group_instance_id
+                    if version >= 5 {
+                        w.string()?; // reason
+                    }
+                    w.tags()
+                })?;
+            }
+        }
+        ApiKey::OffsetCommit => {
+            w.string()?; // group_id
+            w.skip(4)?; // generation_id_or_member_epoch
+            w.string()?; // member_id
+            if version >= 7 {
+                w.string()?; // group_instance_id
+            }
+            if version <= 4 {
+                w.skip(8)?; // retention_time_ms
+            }
+            let partition = 4 + 8 + if version >= 6 { 4 } else { 0 };
+            w.array(s + a + t, |w| {
+                w.string()?; // name
+                w.array(partition + s + t, |w| {
+                    w.skip(partition)?; // index, offset, leader epoch
+                    w.string()?; // metadata
+                    w.tags()
+                })?;
+                w.tags()
+            })?;
+        }
+        ApiKey::OffsetFetch if version >= 8 => {
+            let member = if version >= 9 { s + 4 } else { 0 };
+            w.array(s + member + a + t, |w| {
+                w.string()?; // group_id
+                if version >= 9 {
+                    w.string()?; // member_id
+                    w.skip(4)?; // member_epoch
+                }
+                w.array(s + a + t, topic_with_partition_ids)?;
+                w.tags()
+            })?;
+            w.skip(1)?; // require_stable
+        }
+        ApiKey::OffsetFetch => {
+            w.string()?; // group_id
+            w.array(s + a + t, topic_with_partition_ids)?;
+            if version >= 7 {
+                w.skip(1)?; // require_stable
+            }
+        }
+        ApiKey::DescribeGroups => {
+            w.array(s, |w| w.string())?; // groups
+            if version >= 3 {
+                w.skip(1)?; // include_authorized_operations
+            }
+        }
+        ApiKey::ListGroups => {
+            if version >= 4 {
+                w.array(s, |w| w.string())?; // states_filter
+            }
+            if version >= 5 {
+                w.array(s, |w| w.string())?; // types_filter
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
 
 #[cfg(test)]
 #[path = "request_guard_tests.rs"]

@@ -14,7 +14,7 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Encodable, StrBytes};
 
-use super::{check, walk, GuardError, WALKED, WITHOUT_ARRAYS};
+use super::{check, walk, GuardError, COORDINATOR_MAX_VERSIONS, WALKED, WITHOUT_ARRAYS};
 use crate::handlers::api_versions::SUPPORTED;
 
 fn name(s: &'static str) -> TopicName {
@@ -158,7 +158,7 @@ fn sample(api: ApiKey, version: i16) -> Option<Vec<u8>> {
                 .with_include_documentation(version >= 3),
             version,
         ),
-        _ => return None,
+        _ => return coordinator_sample(api, version),
     };
     Some(b)
 }
@@ -237,7 +237,12 @@ fn every_advertised_api_is_guarded() {
             "{api:?} is advertised but request_guard.rs neither walks it nor lists it as \
              array-free: add a walk (the decoder would trust its array counts)"
         );
-        if WALKED.contains(&api) {
+        if let Some(&(_, walked_max)) = COORDINATOR_MAX_VERSIONS.iter().find(|(k, _)| *k == api) {
+            assert!(
+                max <= walked_max,
+                "{api:?} advertised up to v{max}, walked to v{walked_max}"
+            );
+        } else if WALKED.contains(&api) {
             for version in min..=max {
                 assert!(
                     sample(api, version).is_some(),
@@ -246,4 +251,256 @@ fn every_advertised_api_is_guarded() {
             }
         }
     }
+}
+
+fn group(s: &'static str) -> GroupId {
+    GroupId(StrBytes::from_static_str(s))
+}
+
+/// Populated transaction/group coordinator requests.
+fn coordinator_sample(api: ApiKey, version: i16) -> Option<Vec<u8>> {
+    use kafka_protocol::messages::add_partitions_to_txn_request::{
+        AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
+    };
+    use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+    use kafka_protocol::messages::leave_group_request::MemberIdentity;
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::offset_fetch_request::{
+        OffsetFetchRequestGroup, OffsetFetchRequestTopic, OffsetFetchRequestTopics,
+    };
+    use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
+    use kafka_protocol::messages::txn_offset_commit_request::{
+        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+    };
+    let txn = || TransactionalId(str("txn-1"));
+    let topics = || {
+        vec![
+            AddPartitionsToTxnTopic::default()
+                .with_name(name("a"))
+                .with_partitions(vec![0, 1, 2]),
+            AddPartitionsToTxnTopic::default().with_name(name("bb")),
+        ]
+    };
+    let b = match api {
+        ApiKey::AddPartitionsToTxn if version >= 4 => encoded(
+            &AddPartitionsToTxnRequest::default().with_transactions(vec![
+                AddPartitionsToTxnTransaction::default()
+                    .with_transactional_id(txn())
+                    .with_producer_id(ProducerId(7))
+                    .with_producer_epoch(1)
+                    .with_verify_only(true)
+                    .with_topics(topics()),
+                AddPartitionsToTxnTransaction::default().with_transactional_id(txn()),
+            ]),
+            version,
+        ),
+        ApiKey::AddPartitionsToTxn => encoded(
+            &AddPartitionsToTxnRequest::default()
+                .with_v3_and_below_transactional_id(txn())
+                .with_v3_and_below_producer_id(ProducerId(7))
+                .with_v3_and_below_producer_epoch(1)
+                .with_v3_and_below_topics(topics()),
+            version,
+        ),
+        ApiKey::TxnOffsetCommit => {
+            let partition = |i| {
+                TxnOffsetCommitRequestPartition::default()
+                    .with_partition_index(i)
+                    .with_committed_offset(99)
+                    .with_committed_leader_epoch(if version >= 2 { 3 } else { -1 })
+                    .with_committed_metadata(Some(str("meta")))
+            };
+            let mut req = TxnOffsetCommitRequest::default()
+                .with_transactional_id(txn())
+                .with_group_id(group("g"))
+                .with_producer_id(ProducerId(7))
+                .with_producer_epoch(1)
+                .with_topics(vec![TxnOffsetCommitRequestTopic::default()
+                    .with_name(name("t"))
+                    .with_partitions(vec![partition(0), partition(1)])]);
+            if version >= 3 {
+                req = req
+                    .with_generation_id(4)
+                    .with_member_id(str("member"))
+                    .with_group_instance_id(Some(str("inst")));
+            }
+            encoded(&req, version)
+        }
+        ApiKey::FindCoordinator => {
+            let mut req = FindCoordinatorRequest::default();
+            if version <= 3 {
+                req = req.with_key(str("group-or-txn"));
+            } else {
+                req = req.with_coordinator_keys(vec![str("k1"), str("key-two")]);
+            }
+            if version >= 1 {
+                req = req.with_key_type(1);
+            }
+            encoded(&req, version)
+        }
+        ApiKey::JoinGroup => {
+            let mut req = JoinGroupRequest::default()
+                .with_group_id(group("g"))
+                .with_session_timeout_ms(10_000)
+                .with_member_id(str("m"))
+                .with_protocol_type(str("consumer"))
+                .with_protocols(vec![
+                    JoinGroupRequestProtocol::default()
+                        .with_name(str("range"))
+                        .with_metadata(Bytes::from_static(b"meta")),
+                    JoinGroupRequestProtocol::default().with_name(str("roundrobin")),
+                ]);
+            if version >= 1 {
+                req = req.with_rebalance_timeout_ms(30_000);
+            }
+            if version >= 5 {
+                req = req.with_group_instance_id(Some(str("inst")));
+            }
+            if version >= 8 {
+                req = req.with_reason(Some(str("why")));
+            }
+            encoded(&req, version)
+        }
+        ApiKey::SyncGroup => {
+            let mut req = SyncGroupRequest::default()
+                .with_group_id(group("g"))
+                .with_generation_id(3)
+                .with_member_id(str("m"))
+                .with_assignments(vec![
+                    SyncGroupRequestAssignment::default()
+                        .with_member_id(str("m"))
+                        .with_assignment(Bytes::from_static(b"assignment")),
+                    SyncGroupRequestAssignment::default().with_member_id(str("n")),
+                ]);
+            if version >= 3 {
+                req = req.with_group_instance_id(Some(str("inst")));
+            }
+            if version >= 5 {
+                req = req
+                    .with_protocol_type(Some(str("consumer")))
+                    .with_protocol_name(Some(str("range")));
+            }
+            encoded(&req, version)
+        }
+        ApiKey::LeaveGroup => {
+            let mut req = LeaveGroupRequest::default().with_group_id(group("g"));
+            if version <= 2 {
+                req = req.with_member_id(str("m"));
+            } else {
+                let member = |m| {
+                    MemberIdentity::default()
+                        .with_member_id(str(m))
+                        .with_group_instance_id(Some(str("inst")))
+                        .with_reason(if version >= 5 { Some(str("bye")) } else { None })
+                };
+                req = req.with_members(vec![member("m"), member("n")]);
+            }
+            encoded(&req, version)
+        }
+        ApiKey::OffsetCommit => {
+            let partition = |i| {
+                OffsetCommitRequestPartition::default()
+                    .with_partition_index(i)
+                    .with_committed_offset(42)
+                    .with_committed_leader_epoch(if version >= 6 { 2 } else { -1 })
+                    .with_committed_metadata(Some(str("m")))
+            };
+            let mut req = OffsetCommitRequest::default()
+                .with_group_id(group("g"))
+                .with_generation_id_or_member_epoch(5)
+                .with_member_id(str("member"))
+                .with_topics(vec![OffsetCommitRequestTopic::default()
+                    .with_name(name("t"))
+                    .with_partitions(vec![partition(0), partition(1)])]);
+            if version >= 7 {
+                req = req.with_group_instance_id(Some(str("inst")));
+            }
+            if version <= 4 {
+                req = req.with_retention_time_ms(-1);
+            }
+            encoded(&req, version)
+        }
+        ApiKey::OffsetFetch if version >= 8 => {
+            let topics = vec![OffsetFetchRequestTopics::default()
+                .with_name(name("t"))
+                .with_partition_indexes(vec![0, 1])];
+            let mut g = OffsetFetchRequestGroup::default()
+                .with_group_id(group("g"))
+                .with_topics(Some(topics));
+            if version >= 9 {
+                g = g.with_member_id(Some(str("m"))).with_member_epoch(3);
+            }
+            let other = OffsetFetchRequestGroup::default().with_group_id(group("h"));
+            encoded(
+                &OffsetFetchRequest::default()
+                    .with_groups(vec![g, other])
+                    .with_require_stable(true),
+                version,
+            )
+        }
+        ApiKey::OffsetFetch => {
+            let topics = vec![
+                OffsetFetchRequestTopic::default()
+                    .with_name(name("t"))
+                    .with_partition_indexes(vec![0, 1, 2]),
+                OffsetFetchRequestTopic::default().with_name(name("u")),
+            ];
+            let mut req = OffsetFetchRequest::default()
+                .with_group_id(group("g"))
+                .with_topics(Some(topics));
+            if version >= 7 {
+                req = req.with_require_stable(true);
+            }
+            encoded(&req, version)
+        }
+        ApiKey::DescribeGroups => encoded(
+            &DescribeGroupsRequest::default()
+                .with_groups(vec![group("g"), group("other")])
+                .with_include_authorized_operations(version >= 3),
+            version,
+        ),
+        ApiKey::ListGroups => {
+            let mut req = ListGroupsRequest::default();
+            if version >= 4 {
+                req = req.with_states_filter(vec![str("Stable"), str("Empty")]);
+            }
+            if version >= 5 {
+                req = req.with_types_filter(vec![str("classic")]);
+            }
+            encoded(&req, version)
+        }
+        _ => return None,
+    };
+    Some(b)
+}
+
+#[test]
+fn coordinator_requests_are_walked_exactly() {
+    let mut walked = 0;
+    for &(api, max) in COORDINATOR_MAX_VERSIONS {
+        for version in api.valid_versions().min..=max {
+            let body = coordinator_sample(api, version).expect("sample");
+            assert_eq!(
+                walk(api, version, &body),
+                Ok(body.len()),
+                "{api:?} v{version}"
+            );
+            for cut in 0..body.len() {
+                if let Ok(n) = walk(api, version, &body[..cut]) {
+                    assert!(n <= cut, "{api:?} v{version} cut {cut}");
+                }
+            }
+            walked += 1;
+        }
+    }
+    assert!(walked > 60, "only {walked} versions walked");
+    // A bomb in a group API: DescribeGroups v0 claiming i32::MAX groups.
+    let mut body = BytesMut::new();
+    body.put_i32(i32::MAX);
+    assert!(matches!(
+        check(ApiKey::DescribeGroups, 0, &body),
+        Err(GuardError::ArrayTooLong { .. })
+    ));
 }

@@ -22,6 +22,37 @@ const RECORDS: usize = 100_000;
 const PARTITIONS: i32 = 4;
 const BASE_TIMESTAMP: i64 = 1_700_000_000_000;
 
+/// Collects librdkafka's warnings and errors (protocol parse failures, unexpected
+/// disconnects, "invalid MessageSetSize" and the like) so a test can require there are none.
+#[derive(Default, Clone)]
+struct Complaints(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Complaints {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl rdkafka::ClientContext for Complaints {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        if matches!(
+            level,
+            L::Emerg | L::Alert | L::Critical | L::Error | L::Warning
+        ) {
+            let line = format!("{level:?} {fac}: {message}");
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+        }
+    }
+}
+
+impl rdkafka::producer::ProducerContext for Complaints {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+}
+
+impl rdkafka::consumer::ConsumerContext for Complaints {}
+
 /// A broker on its own runtime so the test thread can block in rdkafka calls.
 struct TestBroker {
     runtime: tokio::runtime::Runtime,
@@ -98,14 +129,19 @@ fn value(i: usize) -> Vec<u8> {
         .collect()
 }
 
-fn produce_all(bootstrap: &str, topics: &[&str], compression: &str) -> Result<()> {
-    let producer: BaseProducer = ClientConfig::new()
+fn produce_all(
+    bootstrap: &str,
+    topics: &[&str],
+    compression: &str,
+    complaints: &Complaints,
+) -> Result<()> {
+    let producer: BaseProducer<Complaints> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("compression.type", compression)
         .set("linger.ms", "5")
         .set("queue.buffering.max.messages", "200000")
-        .create()?;
+        .create_with_context(complaints.clone())?;
     let targets: Vec<(&str, i32)> = topics
         .iter()
         .flat_map(|t| (0..PARTITIONS).map(move |p| (*t, p)))
@@ -158,13 +194,14 @@ fn consume_and_check(
     topics: &[&str],
     compression: &str,
     isolation: &str,
+    complaints: &Complaints,
 ) -> Result<()> {
-    let consumer: BaseConsumer = ClientConfig::new()
+    let consumer: BaseConsumer<Complaints> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("isolation.level", isolation)
         .set("enable.auto.commit", "false")
         .set("group.id", "unused-assign-only")
-        .create()?;
+        .create_with_context(complaints.clone())?;
     let mut assignment = TopicPartitionList::new();
     let mut expected_per_partition = HashMap::new();
     let per_partition = RECORDS / (topics.len() * PARTITIONS as usize);
@@ -293,7 +330,8 @@ fn round_trip(compression: &str, data_dir: Option<&std::path::Path>) -> Result<(
     let topics = [a.as_str(), b.as_str()];
     create_topics(&bootstrap, &topics, PARTITIONS)?;
     let started = Instant::now();
-    produce_all(&bootstrap, &topics, compression)?;
+    let complaints = Complaints::default();
+    produce_all(&bootstrap, &topics, compression, &complaints)?;
     let produced = started.elapsed();
     // The durable run reads as a read_committed consumer (no transactions: everything is
     // stable), the in-memory run as read_uncommitted.
@@ -302,7 +340,12 @@ fn round_trip(compression: &str, data_dir: Option<&std::path::Path>) -> Result<(
     } else {
         "read_uncommitted"
     };
-    consume_and_check(&bootstrap, &topics, compression, isolation)?;
+    consume_and_check(&bootstrap, &topics, compression, isolation, &complaints)?;
+    let complaints = complaints.take();
+    ensure!(
+        complaints.is_empty(),
+        "librdkafka complained: {complaints:#?}"
+    );
     check_list_offsets(&bootstrap, &topics)?;
     eprintln!(
         "{compression} (durable: {}): produced {RECORDS} in {produced:?}, produced+consumed in {:?}",

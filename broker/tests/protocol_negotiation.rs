@@ -204,7 +204,7 @@ async fn api_versions_negotiation_follows_kip_511() -> Result<()> {
     ensure!(range(&v3, ApiKey::Produce) == Some((3, 9)));
     ensure!(range(&v3, ApiKey::Fetch) == Some((4, 12)));
     ensure!(
-        range(&v3, ApiKey::JoinGroup).is_none(),
+        range(&v3, ApiKey::DescribeAcls).is_none(),
         "advertises an unimplemented API"
     );
     broker.shutdown().await;
@@ -370,6 +370,196 @@ async fn acks_zero_gets_no_response_and_fetch_long_polls() -> Result<()> {
             f.responses[0].partitions[0]
         );
     }
+    broker.shutdown().await;
+    Ok(())
+}
+
+/// Record offsets in a fetched partition's record bytes.
+fn offsets_in(records: &Option<Bytes>) -> Result<Vec<i64>> {
+    let mut bytes = records.clone().context("null records")?;
+    let sets = kafka_protocol::records::RecordBatchDecoder::decode_all(&mut bytes)?;
+    Ok(sets
+        .iter()
+        .flat_map(|s| s.records.iter().map(|r| r.offset))
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_respects_partition_and_response_byte_limits() -> Result<()> {
+    let config = BrokerConfig {
+        default_partitions: 2,
+        ..BrokerConfig::default()
+    };
+    let broker = onceflow_broker::start(config).await?;
+    let mut c = Raw::connect(&broker).await?;
+    let big = "x".repeat(1000);
+    for partition in 0..2 {
+        for _ in 0..6 {
+            // One record per request: one batch per offset.
+            let mut req = produce_request("limits", 1, batch(&[&big])?);
+            req.topic_data[0].partition_data[0].index = partition;
+            let r: ProduceResponse = c.call(ApiKey::Produce, 9, &req).await?;
+            ensure!(r.responses[0].partition_responses[0].error_code == 0);
+        }
+    }
+    let two_partitions = |partition_max: i32, max_bytes: i32| {
+        let partition = |p| {
+            FetchPartition::default()
+                .with_partition(p)
+                .with_fetch_offset(0)
+                .with_partition_max_bytes(partition_max)
+        };
+        FetchRequest::default()
+            .with_max_wait_ms(0)
+            .with_min_bytes(1)
+            .with_max_bytes(max_bytes)
+            .with_session_epoch(-1)
+            .with_topics(vec![FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_static_str("limits")))
+                .with_partitions(vec![partition(0), partition(1)])])
+    };
+    // Everything fits.
+    let f: FetchResponse = c
+        .call(ApiKey::Fetch, 11, &two_partitions(1 << 20, 1 << 20))
+        .await?;
+    for p in &f.responses[0].partitions {
+        let got = offsets_in(&p.records)?;
+        ensure!(
+            got == [0, 1, 2, 3, 4, 5],
+            "partition {}: {got:?}",
+            p.partition_index
+        );
+    }
+    // A partition limit below one batch still returns the first whole batch (KIP-74).
+    let f: FetchResponse = c
+        .call(ApiKey::Fetch, 11, &two_partitions(1, 1 << 20))
+        .await?;
+    for p in &f.responses[0].partitions {
+        let got = offsets_in(&p.records)?;
+        ensure!(got == [0], "partition {}: {got:?}", p.partition_index);
+    }
+    // A response limit below one batch: the first partition gets one batch, the second none
+    // (but empty bytes, and its high watermark).
+    let f: FetchResponse = c
+        .call(ApiKey::Fetch, 11, &two_partitions(1 << 20, 1))
+        .await?;
+    let parts = &f.responses[0].partitions;
+    ensure!(offsets_in(&parts[0].records)? == [0]);
+    ensure!(
+        parts[1].records.as_ref().is_some_and(|r| r.is_empty()),
+        "{:?}",
+        parts[1]
+    );
+    ensure!(parts[1].high_watermark == 6);
+    broker.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_v0_empty_list_means_all_topics() -> Result<()> {
+    let broker = onceflow_broker::start(BrokerConfig::default()).await?;
+    let mut c = Raw::connect(&broker).await?;
+    let one = MetadataRequest::default().with_topics(Some(vec![
+        kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+            .with_name(Some(TopicName(StrBytes::from_static_str("made-by-v0")))),
+    ]));
+    let r: MetadataResponse = c.call(ApiKey::Metadata, 0, &one).await?;
+    ensure!(
+        r.topics.len() == 1 && r.topics[0].error_code == 0,
+        "{:?}",
+        r.topics
+    );
+    let all: MetadataResponse = c
+        .call(
+            ApiKey::Metadata,
+            0,
+            &MetadataRequest::default().with_topics(Some(vec![])),
+        )
+        .await?;
+    ensure!(all.topics.len() == 1, "v0 empty list: {:?}", all.topics);
+    let none: MetadataResponse = c
+        .call(
+            ApiKey::Metadata,
+            1,
+            &MetadataRequest::default().with_topics(Some(vec![])),
+        )
+        .await?;
+    ensure!(none.topics.is_empty(), "v1 empty list: {:?}", none.topics);
+    let null: MetadataResponse = c
+        .call(
+            ApiKey::Metadata,
+            1,
+            &MetadataRequest::default().with_topics(None),
+        )
+        .await?;
+    ensure!(null.topics.len() == 1, "v1 null list: {:?}", null.topics);
+    broker.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_offsets_earliest_latest_by_time_and_max_timestamp() -> Result<()> {
+    use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+    use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
+    let broker = onceflow_broker::start(BrokerConfig::default()).await?;
+    let mut c = Raw::connect(&broker).await?;
+    // Three batches; record timestamps are 1000 + index within each batch.
+    for values in [&["a", "b"][..], &["c"][..], &["d", "e", "f"][..]] {
+        let r: ProduceResponse = c
+            .call(
+                ApiKey::Produce,
+                9,
+                &produce_request("lo", 1, batch(values)?),
+            )
+            .await?;
+        ensure!(r.responses[0].partition_responses[0].error_code == 0);
+    }
+    let query = |timestamp: i64| {
+        ListOffsetsRequest::default()
+            .with_replica_id(kafka_protocol::messages::BrokerId(-1))
+            .with_topics(vec![ListOffsetsTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("lo")))
+                .with_partitions(vec![ListOffsetsPartition::default()
+                    .with_partition_index(0)
+                    .with_timestamp(timestamp)])])
+    };
+    let mut answers = Vec::new();
+    for ts in [-2, -1, -3, 1_001, 1_003] {
+        let r: ListOffsetsResponse = c.call(ApiKey::ListOffsets, 7, &query(ts)).await?;
+        let p = &r.topics[0].partitions[0];
+        ensure!(p.error_code == 0, "{ts}: {p:?}");
+        answers.push((p.offset, p.timestamp));
+    }
+    ensure!(answers[0] == (0, -1), "earliest {:?}", answers[0]);
+    ensure!(answers[1] == (6, -1), "latest {:?}", answers[1]);
+    // The largest timestamp (1002) is in the last batch.
+    ensure!(
+        answers[2].1 == 1_002 && (3..=5).contains(&answers[2].0),
+        "max {:?}",
+        answers[2]
+    );
+    // The first batch whose records reach 1001 starts at offset 1 ("b", its own batch).
+    ensure!(
+        answers[3].0 <= 1 && answers[3].1 >= 1_001,
+        "by time {:?}",
+        answers[3]
+    );
+    ensure!(
+        answers[4] == (-1, -1),
+        "after the last timestamp {:?}",
+        answers[4]
+    );
+    // v1 (no leader epoch field) and an unknown partition.
+    let r: ListOffsetsResponse = c.call(ApiKey::ListOffsets, 1, &query(-1)).await?;
+    ensure!(r.topics[0].partitions[0].offset == 6);
+    let mut missing = query(-1);
+    missing.topics[0].partitions[0].partition_index = 9;
+    let r: ListOffsetsResponse = c.call(ApiKey::ListOffsets, 7, &missing).await?;
+    ensure!(
+        r.topics[0].partitions[0].error_code == 3,
+        "{:?}",
+        r.topics[0].partitions[0]
+    );
     broker.shutdown().await;
     Ok(())
 }

@@ -92,15 +92,17 @@ fn max_timestamp(partition: &Partition) -> Option<(i64, i64)> {
         if bytes.is_empty() {
             break;
         }
+        let started_at = offset;
         let mut rest = &bytes[..];
         while let Some(header) = crate::batch_header::BatchHeader::parse(rest) {
             if header.max_timestamp > best.map_or(i64::MIN, |b| b.1) {
                 best = Some((header.last_offset(), header.max_timestamp));
             }
-            offset = header.last_offset() + 1;
+            offset = offset.max(header.last_offset().saturating_add(1));
             rest = rest.get(header.total_len()..)?;
         }
-        if rest.len() == bytes.len() {
+        // No progress (unparsable bytes or offsets that do not advance): stop, never spin.
+        if rest.len() == bytes.len() || offset <= started_at {
             break;
         }
     }

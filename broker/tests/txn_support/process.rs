@@ -22,7 +22,11 @@ impl BrokerChild {
             .append(true)
             .open(data_dir.with_extension("log"))
             .expect("log file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_onceflow-broker"))
+        // ONCEFLOW_BROKER_BIN: a private copy of the binary (the shared target dir may be
+        // rebuilt by another worktree while tests run).
+        let bin = std::env::var("ONCEFLOW_BROKER_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_onceflow-broker").to_string());
+        let mut child = Command::new(bin)
             .args([
                 "--listen",
                 "127.0.0.1:0",
