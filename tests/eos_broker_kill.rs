@@ -1,0 +1,118 @@
+//! Issue 5, "Done when" 4: the broker is killed with -9 and restarted on the same data dir
+//! and port under a running job (three times). The job recovers by itself, or, if it exits,
+//! is restarted by the test; the output stays exactly-once.
+
+mod eos_common;
+
+use std::time::{Duration, Instant};
+
+use eos_common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Broker kills per run.
+const BROKER_KILLS: usize = 3;
+
+fn broker_kill_run(test: &str, mode: &str) {
+    let _machine = exclusive();
+    let seed = seed(test);
+    let dir = scenario_dir(test);
+    let args = JobArgs::new(mode, dir.path());
+    let n = env_u64("ONCEFLOW_EOS_BROKER_KILL_RECORDS", 40_000);
+    let (mut broker, data) = setup(dir.path(), &args, n, seed);
+    let bootstrap = broker.bootstrap().to_string();
+    let mut rng = StdRng::seed_from_u64(seed);
+    // Input keeps arriving through the broker kills (the idempotent input producer retries
+    // across them), so the job is busy whenever the broker dies.
+    let producer = produce_paced(
+        &bootstrap,
+        &args.input,
+        &data,
+        60,
+        Duration::from_millis(250),
+    );
+
+    let mut job = spawn_job(&bootstrap, &args, "1");
+    let line = job.wait_line(Duration::from_secs(90), |l| {
+        checkpoint_number(l, "committed").is_some() || checkpoint_number(l, "complete").is_some()
+    });
+    assert!(
+        line.is_some(),
+        "the job did not complete a checkpoint within 90 s\n{}",
+        job.describe()
+    );
+    let mut job_exits = 0;
+    for k in 1..=BROKER_KILLS {
+        std::thread::sleep(Duration::from_millis(rng.random_range(200..1500)));
+        broker.kill9();
+        std::thread::sleep(Duration::from_millis(rng.random_range(300..2000)));
+        broker.restart();
+        assert_eq!(
+            broker.bootstrap(),
+            bootstrap,
+            "restarted on another address"
+        );
+        // The job either keeps running (and commits a later checkpoint) or exits.
+        let before = last_committed(&job.lines());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = job.try_status() {
+                job_exits += 1;
+                eprintln!(
+                    "[eos] {test}: broker kill {k}: the job exited ({status}); restarting it\n{}",
+                    job.describe()
+                );
+                job = spawn_job(&bootstrap, &args, &format!("{}", job_exits + 1));
+                break;
+            }
+            let now = last_committed(&job.lines());
+            if now.is_some() && now > before {
+                eprintln!(
+                    "[eos] {test}: broker kill {k}: the job recovered by itself \
+                     (checkpoint {now:?} committed)"
+                );
+                break;
+            }
+            if mode == "at-least-once" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "broker kill {k}: the job neither committed a checkpoint nor exited within 60 s \
+                 after the broker came back (last committed {before:?})\n{}",
+                job.describe()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    producer.join().expect("input producer");
+    let restarts = finish(
+        &bootstrap,
+        &args,
+        &data,
+        Some(job),
+        Duration::from_secs(150),
+        3,
+    );
+    let report = check_output(&bootstrap, &args, &data);
+    eprintln!(
+        "[eos] {test}: {BROKER_KILLS} broker kills, job exited {job_exits} times during them \
+         and {restarts} times afterwards\n{report}"
+    );
+    assert!(
+        report.is_exact(),
+        "output after {BROKER_KILLS} broker kills:\n{report}"
+    );
+    drop(broker);
+    finish_dir(dir);
+}
+
+#[test]
+fn two_phase_commit_job_survives_broker_kill9() {
+    broker_kill_run("eos_broker_kill_2pc", "two-phase-commit");
+}
+
+#[test]
+fn transactional_offsets_job_survives_broker_kill9() {
+    broker_kill_run("eos_broker_kill_txn_offsets", "transactional-offsets");
+}

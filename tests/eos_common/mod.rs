@@ -1,0 +1,231 @@
+//! Harness of the exactly-once tests (issue 5): the broker and the example job
+//! `examples/exactly_once_etl` run as child processes over TCP on 127.0.0.1, the input is
+//! produced with rdkafka, and the output is checked record by record with a read_committed
+//! consumer.
+//!
+//! Environment knobs: `ONCEFLOW_EOS_RECORDS` (input records of the kill -9 runs; default
+//! 200000 as the issue asks), `ONCEFLOW_EOS_SEED` (random kill moments and data; printed by
+//! every test), `ONCEFLOW_EOS_KILLS` (SIGKILLs per kill -9 run, default 10),
+//! `ONCEFLOW_EOS_VERBOSE` (echo children's stdout), `ONCEFLOW_EOS_JOB_LOG` /
+//! `ONCEFLOW_EOS_BROKER_LOG` (RUST_LOG of the children; logs stay in the test's temp dir
+//! when `ONCEFLOW_EOS_KEEP` is set).
+
+#![allow(dead_code)]
+
+pub mod data;
+pub mod procs;
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+pub use data::*;
+pub use procs::*;
+
+/// Serialises the scenarios of one test binary: each runs a broker and job processes, and
+/// running several at once on a 2-core machine only makes kill timing meaningless.
+static MACHINE: Mutex<()> = Mutex::new(());
+
+/// Takes the machine for one scenario (poison from an earlier failed test is ignored).
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    MACHINE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A u64 from the environment or `default`.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The seed of this run (`ONCEFLOW_EOS_SEED` or random), printed so failures reproduce.
+pub fn seed(test: &str) -> u64 {
+    let seed = env_u64("ONCEFLOW_EOS_SEED", rand::random::<u32>() as u64);
+    eprintln!("[eos] {test}: ONCEFLOW_EOS_SEED={seed}");
+    seed
+}
+
+/// A temp dir for one scenario; kept on disk when `ONCEFLOW_EOS_KEEP` is set.
+pub fn scenario_dir(test: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("onceflow-{test}-"))
+        .tempdir()
+        .expect("tempdir");
+    eprintln!("[eos] {test}: logs in {}", dir.path().display());
+    dir
+}
+
+/// Keeps `dir` on disk if `ONCEFLOW_EOS_KEEP` is set.
+pub fn finish_dir(dir: tempfile::TempDir) {
+    if std::env::var_os("ONCEFLOW_EOS_KEEP").is_some() {
+        let _ = dir.keep();
+    }
+}
+
+/// Tails the output and DLQ topics with a read_committed consumer, counting the distinct ids
+/// and malformed markers seen so far.
+pub struct Tail {
+    consumer: BaseConsumer,
+    ids: HashSet<u64>,
+    markers: HashSet<String>,
+    output: String,
+}
+
+impl Tail {
+    /// Assigns every partition of `output` and `dlq` from the beginning.
+    pub fn new(bootstrap: &str, output: &str, dlq: &str) -> Tail {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", format!("eos-tail-{}", rand::random::<u32>()))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "100")
+            .create()
+            .expect("tail consumer");
+        let mut tpl = TopicPartitionList::new();
+        for t in [output, dlq] {
+            for p in 0..PARTITIONS {
+                tpl.add_partition_offset(t, p, Offset::Beginning)
+                    .expect("tpl");
+            }
+        }
+        consumer.assign(&tpl).expect("assign");
+        Tail {
+            consumer,
+            ids: HashSet::new(),
+            markers: HashSet::new(),
+            output: output.to_string(),
+        }
+    }
+
+    /// Consumes what is available for up to `d`.
+    pub fn poll_for(&mut self, data: &Dataset, d: Duration) {
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            let Some(m) = self.consumer.poll(Duration::from_millis(50)) else {
+                continue;
+            };
+            // Transient errors (e.g. the broker restarting) are retried by librdkafka.
+            let Ok(m) = m else { continue };
+            let value = m.payload().unwrap_or_default();
+            if m.topic() == self.output {
+                if let Some(o) = parse_output(value) {
+                    self.ids.insert(o.id);
+                }
+            } else {
+                let text = String::from_utf8_lossy(value);
+                if let Some(mk) = data
+                    .bad_markers
+                    .iter()
+                    .find(|mk| text.contains(mk.as_str()))
+                {
+                    self.markers.insert(mk.clone());
+                }
+            }
+        }
+    }
+
+    /// True once every expected id and every malformed marker was seen.
+    pub fn complete(&self, data: &Dataset) -> bool {
+        self.ids.len() >= data.expected.len() && self.markers.len() >= data.bad_markers.len()
+    }
+
+    /// (ids seen, markers seen).
+    pub fn progress(&self) -> (usize, usize) {
+        (self.ids.len(), self.markers.len())
+    }
+}
+
+/// Runs the job (restarting it if it exits, at most `max_restarts` times) until the tail saw
+/// every id and every malformed record, then stops it with SIGTERM and expects exit 0.
+/// `job` may hold an already running instance. Returns the number of restarts the test did.
+pub fn finish(
+    bootstrap: &str,
+    args: &JobArgs,
+    data: &Dataset,
+    job: Option<Proc>,
+    timeout: Duration,
+    max_restarts: usize,
+) -> usize {
+    let mut tail = Tail::new(bootstrap, &args.output, &args.dlq());
+    let mut restarts = 0;
+    let mut job = job.unwrap_or_else(|| spawn_job(bootstrap, args, "final"));
+    let deadline = Instant::now() + timeout;
+    loop {
+        tail.poll_for(data, Duration::from_millis(300));
+        if tail.complete(data) {
+            break;
+        }
+        if let Some(status) = job.try_status() {
+            assert!(
+                restarts < max_restarts,
+                "the job exited ({status}) {restarts} times before the output was complete \
+                 (seen {:?} of {} ids / {} dlq)\n{}",
+                tail.progress(),
+                data.expected.len(),
+                data.bad_markers.len(),
+                job.describe()
+            );
+            eprintln!(
+                "[eos] job exited by itself ({status}); restarting it\n{}",
+                job.describe()
+            );
+            restarts += 1;
+            job = spawn_job(bootstrap, args, &format!("final-restart-{restarts}"));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "output incomplete after {timeout:?}: seen {:?} of {} ids / {} dlq markers\n{}",
+            tail.progress(),
+            data.expected.len(),
+            data.bad_markers.len(),
+            job.describe()
+        );
+    }
+    // SIGTERM is the graceful stop of a running job: wait until it runs (a restart may still
+    // be recovering when the output is already complete).
+    assert!(
+        job.wait_line(Duration::from_secs(90), |l| l.contains("job started"))
+            .is_some(),
+        "the last instance never printed `job started` ({:?})\n{}",
+        job.try_status(),
+        job.describe()
+    );
+    job.term();
+    let status = job.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM did not stop the job with exit 0 within 60 s (status {status:?})\n{}",
+        job.describe()
+    );
+    assert!(
+        job.lines().iter().any(|l| l.contains("job stopped")),
+        "no `job stopped` line after SIGTERM\n{}",
+        job.describe()
+    );
+    restarts
+}
+
+/// Reads the committed output and DLQ and checks them against `data`.
+pub fn check_output(bootstrap: &str, args: &JobArgs, data: &Dataset) -> Report {
+    let output = read_topic(bootstrap, &args.output, true);
+    let dlq = read_topic(bootstrap, &args.dlq(), true);
+    check(data, &output, &dlq)
+}
+
+/// Prepares a scenario: broker child, topics, and the dataset of `n` records.
+pub fn setup(dir: &std::path::Path, args: &JobArgs, n: u64, seed: u64) -> (Broker, Dataset) {
+    bins();
+    let broker = Broker::start(dir, &[]);
+    create_topics(
+        broker.bootstrap(),
+        &[&args.input, &args.output, &args.dlq()],
+    );
+    (broker, Dataset::generate(n, seed))
+}

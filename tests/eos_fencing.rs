@@ -1,0 +1,94 @@
+//! Issue 5, "Done when" 3: a second instance of the job with the same transactional id
+//! prefix (same checkpoint dir and group: an accidental double start) fences the first,
+//! which must stop by itself; the output stays exactly-once.
+
+mod eos_common;
+
+use std::time::Duration;
+
+use eos_common::*;
+
+fn fencing_run(test: &str, mode: &str) {
+    let _machine = exclusive();
+    let seed = seed(test);
+    let dir = scenario_dir(test);
+    let args = JobArgs::new(mode, dir.path());
+    let n = env_u64("ONCEFLOW_EOS_FENCING_RECORDS", 40_000);
+    let (broker, data) = setup(dir.path(), &args, n, seed);
+    let bootstrap = broker.bootstrap().to_string();
+    let producer = produce_paced(
+        &bootstrap,
+        &args.input,
+        &data,
+        50,
+        Duration::from_millis(200),
+    );
+
+    let mut first = spawn_job(&bootstrap, &args, "first");
+    let line = first.wait_line(Duration::from_secs(90), |l| {
+        checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
+    });
+    assert!(
+        line.is_some(),
+        "the first instance did not commit checkpoint 2 within 90 s\n{}",
+        first.describe()
+    );
+    let mut second = spawn_job(&bootstrap, &args, "second");
+    let started = second.wait_line(Duration::from_secs(90), |l| l.contains("job started"));
+    assert!(
+        started.is_some(),
+        "the second instance did not start (status {:?})\n{}",
+        second.try_status(),
+        second.describe()
+    );
+    // The zombie must notice that it is fenced and stop by itself.
+    let status = first.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some(),
+        "the first instance still runs 60 s after the second started: not fenced\n{}",
+        first.describe()
+    );
+    let status = status.unwrap();
+    assert!(
+        !status.success(),
+        "the fenced instance exited with success ({status})\n{}",
+        first.describe()
+    );
+    let said = format!("{}\n{}", first.lines().join("\n"), first.stderr_tail(200));
+    assert!(
+        said.to_lowercase().contains("fenc"),
+        "the fenced instance did not say it was fenced\n{}",
+        first.describe()
+    );
+    eprintln!("[eos] {test}: first instance stopped ({status}) after the second started");
+    assert!(
+        second.try_status().is_none(),
+        "the second instance stopped too\n{}",
+        second.describe()
+    );
+
+    producer.join().expect("input producer");
+    finish(
+        &bootstrap,
+        &args,
+        &data,
+        Some(second),
+        Duration::from_secs(120),
+        0,
+    );
+    let report = check_output(&bootstrap, &args, &data);
+    eprintln!("[eos] {test}: {report}");
+    assert!(report.is_exact(), "output after fencing:\n{report}");
+    drop(broker);
+    finish_dir(dir);
+}
+
+#[test]
+fn second_two_phase_commit_instance_fences_the_first() {
+    fencing_run("eos_fencing_2pc", "two-phase-commit");
+}
+
+#[test]
+fn second_transactional_offsets_instance_fences_the_first() {
+    fencing_run("eos_fencing_txn_offsets", "transactional-offsets");
+}
