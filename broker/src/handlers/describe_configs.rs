@@ -167,6 +167,20 @@ fn broker_configs(state: &BrokerState) -> Vec<Entry> {
             "Partitions of auto-created topics.",
         ),
         entry(
+            "transaction.max.timeout.ms",
+            state.config.transactions.max_transaction_timeout_ms,
+            TYPE_INT,
+            SOURCE_STATIC_BROKER,
+            "Largest transaction.timeout.ms a client may ask for.",
+        ),
+        entry(
+            "transactional.id.expiration.ms",
+            state.config.transactions.transactional_id_expiration_ms,
+            TYPE_INT,
+            SOURCE_STATIC_BROKER,
+            "Idle transactional ids are forgotten after this long.",
+        ),
+        entry(
             "socket.request.max.bytes",
             state.config.max_request_bytes,
             TYPE_INT,
