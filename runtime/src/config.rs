@@ -32,6 +32,21 @@ pub enum CheckpointEvent {
 /// Callback for checkpoint events (tests and tooling).
 pub type CheckpointListener = Arc<dyn Fn(CheckpointEvent) + Send + Sync>;
 
+/// Makes a checkpoint complete somewhere outside the checkpoint directory, between "metadata
+/// durable" and "published as complete".
+///
+/// The coordinator calls [`CompletionHook::seal`] once checkpoint n's metadata is durable and
+/// before any sink is told to commit n. If it returns `Ok`, n is complete; if it fails, the
+/// job fails (no sink commits n, n's files stay on disk) and a restart decides from the hook's
+/// own record whether n counts. The Kafka connectors use it to record the newest complete
+/// checkpoint in a Kafka transaction, so that a newer instance can fence an older one out of
+/// completing checkpoints (see docs/KAFKA.md, "Taking over a running instance").
+#[async_trait::async_trait]
+pub trait CompletionHook: Send + Sync + 'static {
+    /// Seals checkpoint `id`; an error fails the job.
+    async fn seal(&self, id: CheckpointId) -> crate::Result<()>;
+}
+
 /// Configuration of one job.
 #[derive(Clone)]
 pub struct JobConfig {
@@ -61,6 +76,8 @@ pub struct JobConfig {
     pub worker_threads: usize,
     /// Optional observer of checkpoint events.
     pub checkpoint_listener: Option<CheckpointListener>,
+    /// Optional seal run between "metadata durable" and "complete".
+    pub completion_hook: Option<Arc<dyn CompletionHook>>,
 }
 
 impl Default for JobConfig {
@@ -79,6 +96,7 @@ impl Default for JobConfig {
             stop_on_sigterm: false,
             worker_threads: 0,
             checkpoint_listener: None,
+            completion_hook: None,
         }
     }
 }
@@ -154,6 +172,12 @@ impl JobConfig {
         l: impl Fn(CheckpointEvent) + Send + Sync + 'static,
     ) -> Self {
         self.checkpoint_listener = Some(Arc::new(l));
+        self
+    }
+
+    /// Seals every checkpoint with `hook` before it is published as complete.
+    pub fn completion_hook(mut self, hook: Arc<dyn CompletionHook>) -> Self {
+        self.completion_hook = Some(hook);
         self
     }
 

@@ -21,6 +21,8 @@ pub const STATE_ENTRIES: &str = "onceflow_state_entries";
 pub const SNAPSHOT_BYTES: &str = "onceflow_snapshot_bytes";
 /// Checkpoint duration from trigger to durable metadata, seconds (histogram).
 pub const CHECKPOINT_SECONDS: &str = "onceflow_checkpoint_duration_seconds";
+/// Time the [`crate::CompletionHook`] took to seal a checkpoint, seconds (histogram).
+pub const CHECKPOINT_SEAL_SECONDS: &str = "onceflow_checkpoint_seal_seconds";
 /// Completed checkpoints.
 pub const CHECKPOINTS_COMPLETED: &str = "onceflow_checkpoints_completed_total";
 /// Failed checkpoints.

@@ -1,7 +1,9 @@
 //! The checkpoint coordinator: triggers barriers at the sources, collects every subtask's
 //! acknowledgement, writes the metadata durably and only then publishes the checkpoint as
-//! complete (which makes sinks commit). A failed or timed-out checkpoint is discarded and the
-//! job goes on; the final checkpoint (end of input or stop) must succeed.
+//! complete (which makes sinks commit). A [`crate::CompletionHook`], if configured, seals the
+//! checkpoint between those two steps; a failed seal fails the job. A failed or timed-out
+//! checkpoint is discarded and the job goes on; the final checkpoint (end of input or stop)
+//! must succeed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -256,6 +258,15 @@ impl Coordinator {
                                         }
                                     }
                                     Ok(()) => {
+                                        if let Some(hook) = self.config.completion_hook.clone() {
+                                            let t0 = Instant::now();
+                                            if let Err(e) = hook.seal(p.id).await {
+                                                metrics::counter!(m::CHECKPOINTS_FAILED).increment(1);
+                                                tracing::error!(checkpoint = p.id, error = %e, "sealing the checkpoint failed: the job stops");
+                                                return Err(Error::CheckpointFailed { checkpoint: p.id, reason: format!("sealing failed: {e}") });
+                                            }
+                                            metrics::histogram!(m::CHECKPOINT_SEAL_SECONDS).record(t0.elapsed().as_secs_f64());
+                                        }
                                         let took = p.started.elapsed();
                                         metrics::histogram!(m::CHECKPOINT_SECONDS).record(took.as_secs_f64());
                                         metrics::counter!(m::CHECKPOINTS_COMPLETED).increment(1);
