@@ -18,7 +18,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use onceflow::connectors::kafka::{
-    committed_checkpoint, committer, validate_transaction_timeout, Decoder, DeliveryMode,
+    committed_checkpoint, committer, validate_transaction_timeout, CheckpointSeal, Decoder,
+    DeliveryMode,
     KafkaMessage, KafkaSink, KafkaSinkConfig, KafkaSource, OffsetsLink, SinkRecord,
 };
 use onceflow::prelude::*;
@@ -130,26 +131,9 @@ fn main() {
         )
         .init();
     let args = Args::parse();
-    match run(args) {
-        Ok(()) => {}
-        Err(e) => {
-            eprintln!("error: {e}");
-            if e.to_string().contains("takeover race") {
-                // another instance completed a newer checkpoint while we recovered (it is
-                // fenced now): start over from that checkpoint in a fresh process
-                eprintln!("restarting to recover from the newer checkpoint");
-                let status = std::env::current_exe().and_then(|exe| {
-                    std::process::Command::new(exe)
-                        .args(std::env::args_os().skip(1))
-                        .status()
-                });
-                match status {
-                    Ok(s) => std::process::exit(s.code().unwrap_or(1)),
-                    Err(e) => eprintln!("error: cannot restart: {e}"),
-                }
-            }
-            std::process::exit(1);
-        }
+    if let Err(e) = run(args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
     }
 }
 
@@ -220,12 +204,14 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    // two-phase commit: one live instance per checkpoint directory (see docs/KAFKA.md)
-    let _instance_lock = if mode == DeliveryMode::TwoPhaseCommit {
-        Some(lock_checkpoint_dir(&checkpoint_dir)?)
-    } else {
-        None
-    };
+    // one live instance per checkpoint directory; a newer one takes over (docs/KAFKA.md)
+    let mut instance_lock = lock_checkpoint_dir(&checkpoint_dir)?;
+    if instance_lock.is_none() && !mode.is_transactional() {
+        fail_config(format!(
+            "checkpoint directory {} is in use by another running instance of this job; stop it first (in --mode two-phase-commit and transactional-offsets a second instance fences the first and takes over)",
+            checkpoint_dir.display()
+        ));
+    }
     if mode.is_transactional() {
         match helper_rt.block_on(committer::broker_max_transaction_timeout(&brokers)) {
             Ok(Some(max)) => {
@@ -247,11 +233,25 @@ fn run(args: Args) -> anyhow::Result<()> {
         .transactional_id_prefix(args.transactional_id_prefix.clone())
         .transaction_timeout(timeout)
         .checkpoint_interval(interval)
-        .recovery_allowance(allowance)
-        .checkpoint_dir(&checkpoint_dir);
-    let restore = if mode == DeliveryMode::TransactionalOffsets {
-        // fence the previous instance first: afterwards nobody else commits offsets
-        link.fence_previous(&sink_cfg, p)?;
+        .recovery_allowance(allowance);
+    let mut seal = None;
+    let restore = if mode.is_transactional() {
+        // 1. fence every older instance: from now on none of them can complete a checkpoint
+        //    (two-phase commit: the seal; transactional offsets: the instance producer)
+        if mode == DeliveryMode::TwoPhaseCommit {
+            seal = Some(Arc::new(CheckpointSeal::fence_previous(&sink_cfg, link.clone())?));
+        } else {
+            link.fence_previous(&sink_cfg, p)?;
+        }
+        // 2. an older instance on this directory fails at its next seal or commit: wait for it
+        if instance_lock.is_none() {
+            say(format!(
+                "another instance of this job holds {}: it is fenced now; waiting for it to stop",
+                checkpoint_dir.join(".instance-lock").display()
+            ));
+            instance_lock = Some(wait_for_checkpoint_dir(&checkpoint_dir, timeout)?);
+        }
+        // 3. the group's committed offsets name the newest complete checkpoint, for good now
         match committed_checkpoint(&brokers, &args.group, &args.input)? {
             Some(c) => RestoreMode::Checkpoint(c),
             None => RestoreMode::None,
@@ -259,6 +259,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     } else {
         RestoreMode::Latest
     };
+    let _instance_lock = instance_lock;
 
     let failpoint: Option<u64> = std::env::var("ONCEFLOW_FAILPOINT").ok().and_then(|v| {
         v.strip_prefix("after-checkpoint-complete:")
@@ -282,6 +283,10 @@ fn run(args: Args) -> anyhow::Result<()> {
                 }
             }
         });
+    let config = match seal {
+        Some(seal) => config.completion_hook(seal),
+        None => config,
+    };
     let env = StreamEnvironment::new(config);
     let stop = env.stop_handle();
 
@@ -290,8 +295,8 @@ fn run(args: Args) -> anyhow::Result<()> {
 
     let mut source = KafkaSource::new(brokers.clone(), args.input.clone(), Decoder::raw())
         .group(args.group.clone());
-    if mode == DeliveryMode::TransactionalOffsets {
-        source = source.transactional_offsets(link.clone());
+    if mode.is_transactional() {
+        source = source.offsets_link(link.clone());
     }
     let committed_counts: Arc<Mutex<HashMap<u64, usize>>> = Arc::default();
     let recovered = Arc::new(AtomicU64::new(0));
@@ -430,11 +435,10 @@ fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Locks `<dir>/.instance-lock` (released by the OS when the process dies, also on kill -9).
-/// A second instance of a two-phase-commit job on the same checkpoint directory would restore
-/// a checkpoint the first one is still completing and committing; refuse it.
+/// Locks `<dir>/.instance-lock` (released by the OS when the process dies, also on kill -9);
+/// `None` if another live instance holds it.
 #[allow(clippy::incompatible_msrv)] // File::try_lock: Rust 1.89; the example needs no older toolchain
-fn lock_checkpoint_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+fn lock_checkpoint_dir(dir: &std::path::Path) -> anyhow::Result<Option<std::fs::File>> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(".instance-lock");
     let f = std::fs::OpenOptions::new()
@@ -443,12 +447,34 @@ fn lock_checkpoint_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
         .write(true)
         .open(&path)?;
     match f.try_lock() {
-        Ok(()) => Ok(f),
-        Err(std::fs::TryLockError::WouldBlock) => Err(anyhow::anyhow!(
-            "checkpoint directory {} is in use by another running instance: two-phase-commit mode runs one instance per checkpoint directory (stop the other one first; taking over a running instance with fencing is what --mode transactional-offsets does)",
-            dir.display()
-        )),
-        Err(std::fs::TryLockError::Error(e)) => Err(anyhow::anyhow!("cannot lock {}: {e}", path.display())),
+        Ok(()) => Ok(Some(f)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(anyhow::anyhow!("cannot lock {}: {e}", path.display()))
+        }
+    }
+}
+
+/// Waits until the fenced older instance released the checkpoint directory. It fails at its
+/// next seal or commit, so this takes about a checkpoint interval; give up after `limit`.
+fn wait_for_checkpoint_dir(
+    dir: &std::path::Path,
+    limit: Duration,
+) -> anyhow::Result<std::fs::File> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(f) = lock_checkpoint_dir(dir)? {
+            tracing::info!(waited_ms = t0.elapsed().as_millis() as u64, "the older instance stopped");
+            return Ok(f);
+        }
+        if t0.elapsed() > limit {
+            return Err(anyhow::anyhow!(
+                "the instance holding {} was fenced but did not stop within {} s; stop it (kill it) and start again",
+                dir.join(".instance-lock").display(),
+                limit.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -83,12 +83,10 @@ fn fencing_run(test: &str, mode: &str) {
     finish_dir(dir);
 }
 
-/// Known bug, kept as a failing test (run with `--ignored`): a second two-phase-commit
-/// instance with its own checkpoint directory restores before it fences the first, so the
-/// checkpoints the first completes in between are processed twice (seen: 2,402 duplicated
-/// ids). Fix: fence the ring before choosing the restore point, or refuse a live prefix.
+/// The second instance seals nothing until it fenced the first: `init_transactions` on
+/// `{prefix}-checkpoints` stops the first from completing more checkpoints, then the second
+/// waits for it to stop and restores the checkpoint the group's offsets name.
 #[test]
-#[ignore = "known bug: 2PC takeover restores before fencing (duplicates); see docs/TESTING.md"]
 fn second_two_phase_commit_instance_fences_the_first() {
     fencing_run("eos_fencing_2pc", "two-phase-commit");
 }

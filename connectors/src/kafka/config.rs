@@ -67,9 +67,6 @@ pub struct KafkaSinkConfig {
     pub ring_slots: usize,
     /// Extra librdkafka producer properties.
     pub producer_properties: Vec<(String, String)>,
-    /// The job's checkpoint directory: after fencing, two-phase-commit recovery checks that no
-    /// other instance completed a newer checkpoint meanwhile (takeover race, see KAFKA.md).
-    pub checkpoint_dir: Option<std::path::PathBuf>,
 }
 
 impl KafkaSinkConfig {
@@ -86,7 +83,6 @@ impl KafkaSinkConfig {
             recovery_allowance: Duration::from_secs(30),
             ring_slots: 3,
             producer_properties: Vec::new(),
-            checkpoint_dir: None,
         }
     }
 
@@ -117,12 +113,6 @@ impl KafkaSinkConfig {
     /// Sets the recovery allowance.
     pub fn recovery_allowance(mut self, t: Duration) -> Self {
         self.recovery_allowance = t;
-        self
-    }
-
-    /// Tells the sink the job's checkpoint directory (takeover check).
-    pub fn checkpoint_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
-        self.checkpoint_dir = Some(dir.into());
         self
     }
 

@@ -6,13 +6,15 @@ pub mod committer;
 pub mod config;
 pub mod json;
 pub mod metrics;
+pub mod registry;
 pub mod sink;
 pub mod source;
 
 pub use config::{validate_transaction_timeout, DeliveryMode, KafkaSinkConfig};
 pub use json::{Decoder, KafkaMessage};
+pub use registry::PrefixClaim;
 pub use sink::{
-    committed_checkpoint, KafkaPending, KafkaSink, KafkaSinkWriter, OffsetsLink, SinkRecord,
+    committed_checkpoint, seal_transactional_id, CheckpointSeal, KafkaPending, KafkaSink, KafkaSinkWriter, OffsetsLink, SinkRecord,
     WriterKind,
 };
 pub use source::{KafkaPosition, KafkaSource, KafkaSourceReader};
@@ -38,9 +40,6 @@ pub enum KafkaError {
     /// A pre-committed transaction of a complete checkpoint can no longer be committed.
     #[error("DATA LOSS: {0}")]
     DataLoss(String),
-    /// Another instance completed a newer checkpoint while this one recovered: restart.
-    #[error("takeover race: {0}")]
-    TakeoverRace(String),
     /// The producer was fenced by another instance using the same transactional id.
     #[error("fenced: {0}")]
     Fenced(String),

@@ -65,8 +65,16 @@ impl<T> KafkaSource<T> {
         self
     }
 
-    /// Transactional-offsets mode: start from the group's committed offsets and hand the
-    /// barrier positions to the sink sharing `link`.
+    /// Exactly-once modes: start from the group's committed offsets and hand the positions at
+    /// each barrier to whoever shares `link`: the transactional-offsets sink, which commits
+    /// them with its output, or the two-phase-commit [`crate::kafka::CheckpointSeal`], which
+    /// commits them when it seals the checkpoint.
+    pub fn offsets_link(mut self, link: OffsetsLink) -> Self {
+        self.link = Some(link);
+        self
+    }
+
+    /// Transactional-offsets mode: the same as [`Self::offsets_link`].
     pub fn transactional_offsets(mut self, link: OffsetsLink) -> Self {
         self.link = Some(link);
         self

@@ -4,6 +4,7 @@
 
 mod at_least_once;
 pub(crate) mod producer;
+mod seal;
 mod transactional_offsets;
 mod two_phase;
 
@@ -18,6 +19,7 @@ use tracing::Instrument;
 use super::config::{DeliveryMode, KafkaSinkConfig};
 
 pub use at_least_once::AtLeastOnceWriter;
+pub use seal::{seal_transactional_id, CheckpointSeal};
 pub use transactional_offsets::{committed_checkpoint, OffsetsLink, OffsetsWriter};
 pub use two_phase::{TwoPhasePending, TwoPhaseWriter, TxnHandle};
 

@@ -111,6 +111,55 @@ impl OffsetsLink {
     }
 }
 
+impl OffsetsLink {
+    /// The source positions at barrier `checkpoint` of every source subtask, each partition's
+    /// metadata naming the checkpoint, and the group metadata for send_offsets_to_transaction.
+    pub(crate) fn source_offsets(
+        &self,
+        checkpoint: CheckpointId,
+    ) -> super::super::Result<(TopicPartitionList, Arc<ConsumerGroupMetadata>)> {
+        let (offsets, gm) = {
+            let st = self.0.state.lock();
+            let Some(by_subtask) = st.positions.get(&checkpoint) else {
+                return Err(KafkaError::Protocol(format!("no source positions recorded for checkpoint {checkpoint} (is the KafkaSource given the same OffsetsLink?)")));
+            };
+            if by_subtask.len() < st.source_parallelism {
+                return Err(KafkaError::Protocol(format!(
+                    "source positions of checkpoint {checkpoint} are incomplete ({} of {} subtasks)",
+                    by_subtask.len(),
+                    st.source_parallelism
+                )));
+            }
+            let Some(gm) = st.group_metadata.clone() else {
+                return Err(KafkaError::Config(
+                    "the source has no consumer group metadata".into(),
+                ));
+            };
+            (by_subtask.values().cloned().collect::<Vec<_>>(), gm)
+        };
+        let mut tpl = TopicPartitionList::new();
+        for pos in &offsets {
+            for (p, o) in &pos.offsets {
+                tpl.add_partition_offset(&pos.topic, *p, Offset::Offset(*o))
+                    .map_err(|e| KafkaError::client("building offsets", e))?;
+                if let Some(mut el) = tpl.find_partition(&pos.topic, *p) {
+                    el.set_metadata(format!("{CHK_META_PREFIX}{checkpoint}"));
+                }
+            }
+        }
+        Ok((tpl, gm))
+    }
+
+    /// Drops the positions of checkpoints up to `checkpoint` (committed).
+    pub(crate) fn forget_up_to(&self, checkpoint: CheckpointId) {
+        self.0
+            .state
+            .lock()
+            .positions
+            .retain(|c, _| *c > checkpoint);
+    }
+}
+
 fn new_instance(cfg: &KafkaSinkConfig, parallelism: usize) -> super::super::Result<Instance> {
     let id = format!("{}-offsets", cfg.transactional_id_prefix);
     let (p, ctx) = producer::create(cfg, Some(&id), false)?;
@@ -216,43 +265,7 @@ impl OffsetsWriter {
         if inst.committed >= checkpoint {
             return Ok(());
         }
-        // offsets at barrier `checkpoint` of every source subtask
-        let (offsets, gm) = {
-            let st = self.link.0.state.lock();
-            let Some(by_subtask) = st.positions.get(&checkpoint) else {
-                return Err(KafkaError::Protocol(format!("no source positions recorded for checkpoint {checkpoint} (is the KafkaSource in transactional-offsets mode with the same link?)")).into());
-            };
-            if by_subtask.len() < st.source_parallelism {
-                return Err(KafkaError::Protocol(format!(
-                    "source positions of checkpoint {checkpoint} are incomplete ({} of {} subtasks)",
-                    by_subtask.len(),
-                    st.source_parallelism
-                ))
-                .into());
-            }
-            let Some(gm) = st.group_metadata.clone() else {
-                return Err(
-                    KafkaError::Config("the source has no consumer group metadata".into()).into(),
-                );
-            };
-            (by_subtask.values().cloned().collect::<Vec<_>>(), gm)
-        };
-        let mut tpl = TopicPartitionList::new();
-        for pos in &offsets {
-            for (p, o) in &pos.offsets {
-                let mut e = tpl
-                    .add_partition_offset(&pos.topic, *p, Offset::Offset(*o))
-                    .map(|_| ())
-                    .map_err(|e| KafkaError::client("building offsets", e));
-                if e.is_ok() {
-                    if let Some(mut el) = tpl.find_partition(&pos.topic, *p) {
-                        el.set_metadata(format!("{CHK_META_PREFIX}{checkpoint}"));
-                    }
-                    e = Ok(());
-                }
-                e?;
-            }
-        }
+        let (tpl, gm) = self.link.source_offsets(checkpoint)?;
         // records after earlier (failed) barriers belong before this commit
         let earlier: Vec<CheckpointId> =
             inst.segments.range(..checkpoint).map(|(c, _)| *c).collect();
@@ -316,12 +329,7 @@ impl OffsetsWriter {
                 }
             }
         }
-        self.link
-            .0
-            .state
-            .lock()
-            .positions
-            .retain(|c, _| *c > checkpoint);
+        self.link.forget_up_to(checkpoint);
         tracing::debug!(checkpoint, "transactional-offsets commit");
         Ok(())
     }

@@ -216,7 +216,6 @@ impl TwoPhaseWriter {
                 tracing::debug!(transactional_id = %id, "fenced and aborted");
             }
             *self.recovered_ids.lock() = committed;
-            self.check_no_newer_checkpoint()?;
         }
         // slots committed by recovery stay untouched until a checkpoint of this run completes
         let avoid = self.recovered_ids.lock().clone();
@@ -227,36 +226,6 @@ impl TwoPhaseWriter {
         }
         let next = self.free_slot();
         self.open(next).await
-    }
-
-    /// After fencing nobody else can commit: if another live instance completed a checkpoint
-    /// newer than the restored one before that, the restored state is stale (its output may
-    /// be committed): fail so the job restarts from the newer checkpoint.
-    fn check_no_newer_checkpoint(&self) -> onceflow_runtime::Result<()> {
-        let Some(dir) = &self.cfg.checkpoint_dir else {
-            return Ok(());
-        };
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            return Ok(());
-        };
-        for e in rd.flatten() {
-            let name = e.file_name();
-            let Some(id) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("chk-"))
-                .and_then(|n| n.parse::<CheckpointId>().ok())
-            else {
-                continue;
-            };
-            if id > self.restored && e.path().join("_metadata").exists() {
-                return Err(KafkaError::TakeoverRace(format!(
-                    "checkpoint {id} completed by another instance while this one recovered checkpoint {}; restart to recover from it",
-                    self.restored
-                ))
-                .into());
-            }
-        }
-        Ok(())
     }
 
     /// A slot to open the next transaction on (grows the ring if none is free).
