@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use onceflow::connectors::kafka::{
     committed_checkpoint, committer, validate_transaction_timeout, CheckpointSeal, Decoder,
-    DeliveryMode,
+    DeliveryMode, KafkaError, PrefixClaim,
     KafkaMessage, KafkaSink, KafkaSinkConfig, KafkaSource, OffsetsLink, SinkRecord,
 };
 use onceflow::prelude::*;
@@ -225,6 +225,20 @@ fn run(args: Args) -> anyhow::Result<()> {
             Err(e) => tracing::warn!(error = %e, "cannot read the broker's transaction.max.timeout.ms; skipping that check"),
         }
     }
+
+    // a different job using this prefix would fence our transactions (and we its): refuse
+    let _prefix_claim = if mode.is_transactional() {
+        let identity = std::fs::canonicalize(&checkpoint_dir)?
+            .display()
+            .to_string();
+        match PrefixClaim::claim(&brokers, &args.transactional_id_prefix, &identity) {
+            Ok(c) => Some(c),
+            Err(e @ KafkaError::Config(_)) => fail_config(e),
+            Err(e) => return Err(e.into()),
+        }
+    } else {
+        None
+    };
 
     let p = args.parallelism;
     let link = OffsetsLink::new();

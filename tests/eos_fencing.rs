@@ -95,3 +95,69 @@ fn second_two_phase_commit_instance_fences_the_first() {
 fn second_transactional_offsets_instance_fences_the_first() {
     fencing_run("eos_fencing_txn_offsets", "transactional-offsets");
 }
+
+/// Issue 5, "Build" 5: a different job (its own checkpoint directory, group and output) started
+/// with a prefix a live job uses is refused at start with exit code 2 and a message naming the
+/// prefix; the running job is not disturbed (it is not fenced and keeps committing).
+#[test]
+fn another_job_with_the_same_prefix_is_refused() {
+    let _machine = exclusive();
+    let test = "eos_prefix_in_use";
+    let seed = seed(test);
+    let dir = scenario_dir(test);
+    let args = JobArgs::new("two-phase-commit", dir.path());
+    let (broker, data) = setup(dir.path(), &args, 2_000, seed);
+    let bootstrap = broker.bootstrap().to_string();
+    let producer = produce_paced(&bootstrap, &args.input, &data, 20, Duration::from_millis(50));
+    let mut first = spawn_job(&bootstrap, &args, "first");
+    let line = first.wait_line(Duration::from_secs(90), |l| {
+        checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
+    });
+    assert!(
+        line.is_some(),
+        "the first job did not commit checkpoint 2 within 90 s\n{}",
+        first.describe()
+    );
+
+    let mut other = JobArgs::new("two-phase-commit", &dir.path().join("other-job"));
+    other.prefix = args.prefix.clone();
+    other.output = "eos-other-output".into();
+    other.group = "eos-other-group".into();
+    other.log_dir = dir.path().to_path_buf();
+    let mut second = spawn_job(&bootstrap, &other, "other-job");
+    let status = second.wait_exit(Duration::from_secs(60));
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(2),
+        "a second job with the same prefix was not refused with exit code 2\n{}",
+        second.describe()
+    );
+    let said = second.stderr_tail(50);
+    assert!(
+        said.contains(&args.prefix) && said.contains("in use by another live job"),
+        "the refusal does not name the prefix\n{}",
+        second.describe()
+    );
+    assert!(
+        !second.lines().iter().any(|l| l.contains("job started")),
+        "the refused job started\n{}",
+        second.describe()
+    );
+
+    // the first job was not fenced: it commits further checkpoints and stops cleanly
+    let before = last_committed(&first.lines()).unwrap_or(0);
+    let later = first.wait_line(Duration::from_secs(60), |l| {
+        checkpoint_number(l, "committed").is_some_and(|n| n >= before + 2)
+    });
+    assert!(
+        later.is_some() && first.try_status().is_none(),
+        "the first job stopped committing after the refused start\n{}",
+        first.describe()
+    );
+    producer.join().expect("input producer");
+    finish(&bootstrap, &args, &data, Some(first), Duration::from_secs(120), 0);
+    let report = check_output(&bootstrap, &args, &data);
+    assert!(report.is_exact(), "output of the first job:\n{report}");
+    drop(broker);
+    finish_dir(dir);
+}
