@@ -19,8 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::Parser;
 use onceflow::connectors::kafka::{
     committed_checkpoint, committer, validate_transaction_timeout, CheckpointSeal, Decoder,
-    DeliveryMode, KafkaError, PrefixClaim,
-    KafkaMessage, KafkaSink, KafkaSinkConfig, KafkaSource, OffsetsLink, SinkRecord,
+    DeliveryMode, KafkaError, KafkaMessage, KafkaSink, KafkaSinkConfig, KafkaSource, OffsetsLink,
+    PrefixClaim, SinkRecord,
 };
 use onceflow::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -253,7 +253,10 @@ fn run(args: Args) -> anyhow::Result<()> {
         // 1. fence every older instance: from now on none of them can complete a checkpoint
         //    (two-phase commit: the seal; transactional offsets: the instance producer)
         if mode == DeliveryMode::TwoPhaseCommit {
-            seal = Some(Arc::new(CheckpointSeal::fence_previous(&sink_cfg, link.clone())?));
+            seal = Some(Arc::new(CheckpointSeal::fence_previous(
+                &sink_cfg,
+                link.clone(),
+            )?));
         } else {
             link.fence_previous(&sink_cfg, p)?;
         }
@@ -478,7 +481,10 @@ fn wait_for_checkpoint_dir(
     let t0 = Instant::now();
     loop {
         if let Some(f) = lock_checkpoint_dir(dir)? {
-            tracing::info!(waited_ms = t0.elapsed().as_millis() as u64, "the older instance stopped");
+            tracing::info!(
+                waited_ms = t0.elapsed().as_millis() as u64,
+                "the older instance stopped"
+            );
             return Ok(f);
         }
         if t0.elapsed() > limit {

@@ -108,7 +108,13 @@ fn another_job_with_the_same_prefix_is_refused() {
     let args = JobArgs::new("two-phase-commit", dir.path());
     let (broker, data) = setup(dir.path(), &args, 2_000, seed);
     let bootstrap = broker.bootstrap().to_string();
-    let producer = produce_paced(&bootstrap, &args.input, &data, 20, Duration::from_millis(50));
+    let producer = produce_paced(
+        &bootstrap,
+        &args.input,
+        &data,
+        20,
+        Duration::from_millis(50),
+    );
     let mut first = spawn_job(&bootstrap, &args, "first");
     let line = first.wait_line(Duration::from_secs(90), |l| {
         checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
@@ -155,7 +161,14 @@ fn another_job_with_the_same_prefix_is_refused() {
         first.describe()
     );
     producer.join().expect("input producer");
-    finish(&bootstrap, &args, &data, Some(first), Duration::from_secs(120), 0);
+    finish(
+        &bootstrap,
+        &args,
+        &data,
+        Some(first),
+        Duration::from_secs(120),
+        0,
+    );
     let report = check_output(&bootstrap, &args, &data);
     assert!(report.is_exact(), "output of the first job:\n{report}");
     drop(broker);

@@ -58,7 +58,9 @@ fn job(
     let sink: CollectSink<u64> = CollectSink::new();
     env.source(
         "numbers",
-        Generator::new(3_000, |i| i).splits(2).rate_per_second(10_000.0),
+        Generator::new(3_000, |i| i)
+            .splits(2)
+            .rate_per_second(10_000.0),
     )
     .map(|i: u64| i * 2)
     .sink("collect", sink);

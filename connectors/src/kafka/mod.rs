@@ -14,8 +14,8 @@ pub use config::{validate_transaction_timeout, DeliveryMode, KafkaSinkConfig};
 pub use json::{Decoder, KafkaMessage};
 pub use registry::PrefixClaim;
 pub use sink::{
-    committed_checkpoint, seal_transactional_id, CheckpointSeal, KafkaPending, KafkaSink, KafkaSinkWriter, OffsetsLink, SinkRecord,
-    WriterKind,
+    committed_checkpoint, seal_transactional_id, CheckpointSeal, KafkaPending, KafkaSink,
+    KafkaSinkWriter, OffsetsLink, SinkRecord, WriterKind,
 };
 pub use source::{KafkaPosition, KafkaSource, KafkaSourceReader};
 

@@ -106,7 +106,9 @@ impl PrefixClaim {
                 }
                 consumer.unsubscribe();
             })
-            .map_err(|e| KafkaError::Protocol(format!("cannot start the prefix claim thread: {e}")))?;
+            .map_err(|e| {
+                KafkaError::Protocol(format!("cannot start the prefix claim thread: {e}"))
+            })?;
         Ok(PrefixClaim {
             stop,
             thread: Some(thread),

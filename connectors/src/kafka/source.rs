@@ -1,9 +1,10 @@
 //! KafkaSource: a read_committed rdkafka consumer without auto commit. Partition `p` of the
 //! topic belongs to source subtask `p % parallelism`; the next offset of every partition is
 //! the position stored at each barrier and restored from the checkpoint (a partition without
-//! a position starts from the earliest offset). In transactional-offsets mode the source
-//! starts from the consumer group's committed offsets and hands its positions at each barrier
-//! to the sink, which commits them inside the output transaction.
+//! a position starts from the earliest offset). With an [`OffsetsLink`] (both exactly-once
+//! modes) the source starts from the consumer group's committed offsets and hands its
+//! positions at each barrier to whoever commits them: the transactional-offsets sink (inside
+//! the output transaction) or the two-phase-commit checkpoint seal.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -152,11 +152,7 @@ impl OffsetsLink {
 
     /// Drops the positions of checkpoints up to `checkpoint` (committed).
     pub(crate) fn forget_up_to(&self, checkpoint: CheckpointId) {
-        self.0
-            .state
-            .lock()
-            .positions
-            .retain(|c, _| *c > checkpoint);
+        self.0.state.lock().positions.retain(|c, _| *c > checkpoint);
     }
 }
 
