@@ -270,7 +270,13 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         // 3. the group's committed offsets name the newest complete checkpoint, for good now
         match committed_checkpoint(&brokers, &args.group, &args.input)? {
-            Some(c) => RestoreMode::Checkpoint(c),
+            Some(c) => {
+                say(format!(
+                    "restoring checkpoint {c} (named by group {})",
+                    args.group
+                ));
+                RestoreMode::Checkpoint(c)
+            }
             None => RestoreMode::None,
         }
     } else {
@@ -301,7 +307,16 @@ fn run(args: Args) -> anyhow::Result<()> {
             }
         });
     let config = match seal {
-        Some(seal) => config.completion_hook(seal),
+        Some(seal) => {
+            let before_seal: Option<u64> = std::env::var("ONCEFLOW_FAILPOINT").ok().and_then(|v| {
+                v.strip_prefix("before-seal:")
+                    .and_then(|n| n.trim().parse().ok())
+            });
+            config.completion_hook(Arc::new(FailpointSeal {
+                inner: seal,
+                before_seal,
+            }))
+        }
         None => config,
     };
     let env = StreamEnvironment::new(config);
@@ -450,6 +465,26 @@ fn run(args: Args) -> anyhow::Result<()> {
         helper_rt.block_on(b.shutdown());
     }
     Ok(())
+}
+
+/// The checkpoint seal, with the test hook `ONCEFLOW_FAILPOINT=before-seal:N`: abort the
+/// process once checkpoint N's metadata is durable, before it is sealed (so it never counts).
+struct FailpointSeal {
+    inner: Arc<CheckpointSeal>,
+    before_seal: Option<u64>,
+}
+
+#[onceflow::runtime::async_trait]
+impl CompletionHook for FailpointSeal {
+    async fn seal(&self, checkpoint: CheckpointId) -> onceflow::runtime::Result<()> {
+        if self.before_seal == Some(checkpoint) {
+            eprintln!(
+                "failpoint before-seal:{checkpoint}: aborting after the metadata, before the seal"
+            );
+            std::process::abort();
+        }
+        self.inner.seal(checkpoint).await
+    }
 }
 
 /// Locks `<dir>/.instance-lock` (released by the OS when the process dies, also on kill -9);

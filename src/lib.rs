@@ -12,8 +12,8 @@ pub use onceflow_runtime as runtime;
 /// built-in connectors.
 pub mod prelude {
     pub use onceflow_connectors::kafka::{
-        DeliveryMode, KafkaMessage, KafkaSink, KafkaSinkConfig, KafkaSource, OffsetsLink,
-        SinkRecord,
+        committed_checkpoint, CheckpointSeal, DeliveryMode, KafkaMessage, KafkaSink,
+        KafkaSinkConfig, KafkaSource, OffsetsLink, SinkRecord,
     };
     pub use onceflow_connectors::{CollectSink, FileSink, FileSinkMode, Generator, MemorySource};
     pub use onceflow_operators::{
@@ -21,8 +21,8 @@ pub mod prelude {
         KeyedProcessFunction, KeyedStream, Map, Rebalance,
     };
     pub use onceflow_runtime::{
-        CheckpointEvent, CheckpointId, Data, DataStream, Error, JobArgs, JobConfig, JobResult, Key,
-        Operator, RestoreMode, Result, Sink, SinkFactory, Source, SourceFactory, SourcePoll,
-        StopHandle, StreamEnvironment, SubtaskInfo, TwoInputs,
+        CheckpointEvent, CheckpointId, CompletionHook, Data, DataStream, Error, JobArgs, JobConfig,
+        JobResult, Key, Operator, RestoreMode, Result, Sink, SinkFactory, Source, SourceFactory,
+        SourcePoll, StopHandle, StreamEnvironment, SubtaskInfo, TwoInputs,
     };
 }

@@ -1,6 +1,8 @@
 //! Issue 5, "Done when" 2: the job is killed exactly between "checkpoint N complete" and
 //! "commit N" (ONCEFLOW_FAILPOINT=after-checkpoint-complete:N aborts the process there). After
 //! a restart, checkpoint N's output must be committed once: neither lost nor doubled.
+//! Also the window before that in two-phase-commit mode: metadata durable, seal not yet
+//! committed (`before-seal:N`): N never counts, the restart restores N-1 and replays.
 
 mod eos_common;
 
@@ -14,7 +16,11 @@ const N: u64 = 3;
 
 /// Runs the failpoint scenario in `mode`; returns the final report and the ids that were
 /// written but uncommitted when the process died, with where they were written.
-fn failpoint_run(test: &str, mode: &str) -> (Report, HashMap<u64, (i32, i64)>, Vec<Consumed>) {
+fn failpoint_run(
+    test: &str,
+    mode: &str,
+    failpoint: &str,
+) -> (Report, HashMap<u64, (i32, i64)>, Vec<Consumed>, Vec<String>) {
     let _machine = exclusive();
     let seed = seed(test);
     let dir = scenario_dir(test);
@@ -33,10 +39,9 @@ fn failpoint_run(test: &str, mode: &str) -> (Report, HashMap<u64, (i32, i64)>, V
     );
 
     let mut crashing = args.clone();
-    crashing.env.push((
-        "ONCEFLOW_FAILPOINT".into(),
-        format!("after-checkpoint-complete:{N}"),
-    ));
+    crashing
+        .env
+        .push(("ONCEFLOW_FAILPOINT".into(), format!("{failpoint}:{N}")));
     let mut job = spawn_job(&bootstrap, &crashing, "failpoint");
     let status = job.wait_exit(Duration::from_secs(120));
     assert!(
@@ -86,14 +91,24 @@ fn failpoint_run(test: &str, mode: &str) -> (Report, HashMap<u64, (i32, i64)>, V
     );
 
     producer.join().expect("input producer");
-    finish(&bootstrap, &args, &data, None, Duration::from_secs(120), 0);
+    let mut restarted = spawn_job(&bootstrap, &args, "restarted");
+    restarted.wait_line(Duration::from_secs(90), |l| l.contains("job started"));
+    let restart_lines = restarted.lines();
+    finish(
+        &bootstrap,
+        &args,
+        &data,
+        Some(restarted),
+        Duration::from_secs(120),
+        0,
+    );
     let output = read_topic(&bootstrap, &args.output, true);
     let dlq = read_topic(&bootstrap, &args.dlq(), true);
     let report = check(&data, &output, &dlq);
     eprintln!("[eos] {test}: {report}");
     drop(broker);
     finish_dir(dir);
-    (report, pending, output)
+    (report, pending, output, restart_lines)
 }
 
 /// Every pending id is in the final committed output exactly once.
@@ -120,7 +135,11 @@ fn assert_pending_once(pending: &HashMap<u64, (i32, i64)>, output: &[Consumed]) 
 
 #[test]
 fn two_phase_commit_commits_the_crashed_checkpoint_once() {
-    let (report, pending, output) = failpoint_run("eos_failpoint_2pc", "two-phase-commit");
+    let (report, pending, output, _) = failpoint_run(
+        "eos_failpoint_2pc",
+        "two-phase-commit",
+        "after-checkpoint-complete",
+    );
     assert_pending_once(&pending, &output);
     // Recovery commits the pre-committed transaction of checkpoint N itself (its records
     // become visible where they were written) instead of aborting and replaying them.
@@ -137,8 +156,34 @@ fn two_phase_commit_commits_the_crashed_checkpoint_once() {
 
 #[test]
 fn transactional_offsets_keep_the_crashed_checkpoint_once() {
-    let (report, pending, output) =
-        failpoint_run("eos_failpoint_txn_offsets", "transactional-offsets");
+    let (report, pending, output, _) = failpoint_run(
+        "eos_failpoint_txn_offsets",
+        "transactional-offsets",
+        "after-checkpoint-complete",
+    );
     assert_pending_once(&pending, &output);
+    assert!(report.is_exact(), "output after the failpoint:\n{report}");
+}
+
+#[test]
+fn two_phase_commit_does_not_restore_an_unsealed_checkpoint() {
+    let (report, pending, output, restart) =
+        failpoint_run("eos_failpoint_2pc_seal", "two-phase-commit", "before-seal");
+    assert_pending_once(&pending, &output);
+    // Checkpoint N's metadata was durable but it was never sealed: the restart restores N-1,
+    // fences (aborts) N's transactions and replays their input.
+    let prev = N - 1;
+    assert!(
+        restart
+            .iter()
+            .any(|l| l.contains(&format!("restoring checkpoint {prev} "))),
+        "the restart did not restore checkpoint {prev}: {restart:?}"
+    );
+    let at: HashSet<(i32, i64)> = output.iter().map(|c| (c.partition, c.offset)).collect();
+    let in_place = pending.values().filter(|p| at.contains(p)).count();
+    assert_eq!(
+        in_place, 0,
+        "records of the unsealed checkpoint {N}'s transactions became visible"
+    );
     assert!(report.is_exact(), "output after the failpoint:\n{report}");
 }
