@@ -104,3 +104,90 @@ fn valid_transaction_timeout_starts() {
         job.describe()
     );
 }
+
+/// Issue 5, "Build" 7: the job's Prometheus endpoint (`--metrics-listen`) serves the Kafka
+/// transaction metrics (commit latency, open transaction age vs timeout, records per
+/// transaction, fencing events), consumer lag and the runtime's checkpoint metrics.
+#[test]
+fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
+    let _machine = exclusive();
+    let test = "eos_metrics";
+    let dir = scenario_dir(test);
+    let mut args = JobArgs::new("two-phase-commit", dir.path());
+    let (broker, data) = setup(dir.path(), &args, 3_000, seed(test));
+    let bootstrap = broker.bootstrap().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    args.extra_args = vec!["--metrics-listen".into(), format!("127.0.0.1:{port}")];
+    let producer = produce_paced(
+        &bootstrap,
+        &args.input,
+        &data,
+        10,
+        Duration::from_millis(100),
+    );
+    let mut job = spawn_job(&bootstrap, &args, "metrics");
+    let line = job.wait_line(Duration::from_secs(90), |l| {
+        checkpoint_number(l, "committed").is_some_and(|n| n >= 4)
+    });
+    assert!(
+        line.is_some(),
+        "no checkpoint 4 committed\n{}",
+        job.describe()
+    );
+    producer.join().expect("input producer");
+    let body = http_get(port, "/metrics");
+    for name in [
+        "onceflow_kafka_txn_commit_seconds",
+        "onceflow_kafka_txn_open_age_seconds",
+        "onceflow_kafka_txn_timeout_seconds",
+        "onceflow_kafka_records_per_txn",
+        "onceflow_kafka_fencing_events_total",
+        "onceflow_kafka_consumer_lag",
+        "onceflow_checkpoint_duration_seconds",
+        "onceflow_checkpoint_seal_seconds",
+        "onceflow_alignment_seconds",
+        "onceflow_records_in_total",
+        "onceflow_records_out_total",
+    ] {
+        assert!(
+            body.lines().any(|l| l.starts_with(name)),
+            "{name} is missing from the metrics endpoint:\n{body}"
+        );
+    }
+    // one lag series per input partition, none negative
+    let lag: Vec<f64> = body
+        .lines()
+        .filter(|l| l.starts_with("onceflow_kafka_consumer_lag{") && l.contains("eos-input"))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse().ok()))
+        .collect();
+    assert!(
+        lag.len() >= 4 && lag.iter().all(|v| *v >= 0.0),
+        "consumer lag series of the 4 input partitions: {lag:?}\n{body}"
+    );
+    job.term();
+    let status = job.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM: {status:?}\n{}",
+        job.describe()
+    );
+    drop(broker);
+    finish_dir(dir);
+}
+
+/// A plain HTTP/1.0 GET on 127.0.0.1:`port`; the body.
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    assert!(out.starts_with("HTTP/1."), "not an HTTP response: {out}");
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}

@@ -377,6 +377,8 @@ pub struct JobArgs {
     pub transaction_timeout_ms: Option<u64>,
     /// Extra environment (e.g. ONCEFLOW_FAILPOINT).
     pub env: Vec<(String, String)>,
+    /// Extra command-line arguments (e.g. `--metrics-listen ADDR`).
+    pub extra_args: Vec<String>,
     /// Directory for the job's stderr logs.
     pub log_dir: PathBuf,
 }
@@ -395,6 +397,7 @@ impl JobArgs {
             prefix: format!("eos-{mode}"),
             transaction_timeout_ms: None,
             env: Vec::new(),
+            extra_args: Vec::new(),
             log_dir: dir.to_path_buf(),
         }
     }
@@ -428,6 +431,7 @@ pub fn spawn_job(bootstrap: &str, args: &JobArgs, run: &str) -> Proc {
     if let Some(t) = args.transaction_timeout_ms {
         cmd.args(["--transaction-timeout-ms", &t.to_string()]);
     }
+    cmd.args(&args.extra_args);
     for (k, v) in &args.env {
         cmd.env(k, v);
     }

@@ -82,18 +82,28 @@ impl<T> KafkaSource<T> {
     }
 }
 
-/// Consumer context publishing the consumer lag from librdkafka's statistics.
-pub struct LagContext;
+/// Consumer context that learns each partition's end (last stable offset under
+/// read_committed) from librdkafka's statistics. librdkafka's own `consumer_lag` needs offsets
+/// stored or committed through the consumer, which this source never does (positions live in
+/// the checkpoint), so the reader computes the lag from these ends and its positions.
+#[derive(Default)]
+pub struct LagContext {
+    ends: parking_lot::Mutex<BTreeMap<i32, i64>>,
+}
 
 impl ClientContext for LagContext {
     fn stats(&self, stats: Statistics) {
-        for (topic, t) in &stats.topics {
+        let mut ends = self.ends.lock();
+        for t in stats.topics.values() {
             for (p, part) in &t.partitions {
-                if *p < 0 || part.consumer_lag < 0 {
-                    continue;
+                let end = if part.ls_offset >= 0 {
+                    part.ls_offset
+                } else {
+                    part.hi_offset
+                };
+                if *p >= 0 && end >= 0 {
+                    ends.insert(*p, end);
                 }
-                metrics::gauge!(m::CONSUMER_LAG, "topic" => topic.clone(), "partition" => p.to_string())
-                    .set(part.consumer_lag as f64);
             }
         }
     }
@@ -113,6 +123,7 @@ pub struct KafkaSourceReader<T> {
     subtask: usize,
     parallelism: usize,
     last_transient_log: std::time::Instant,
+    last_lag_report: std::time::Instant,
 }
 
 /// Errors librdkafka recovers from by itself (broker down or restarting).
@@ -172,7 +183,7 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
             cfg.set(k, v);
         }
         let consumer: BaseConsumer<LagContext> = cfg
-            .create_with_context(LagContext)
+            .create_with_context(LagContext::default())
             .map_err(|e| KafkaError::client("creating the consumer", e))?;
         let n = partition_count(&consumer, &self.topic)?;
         let partitions: Vec<i32> = (0..n as i32)
@@ -209,11 +220,29 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
             last_transient_log: std::time::Instant::now()
                 .checked_sub(Duration::from_secs(60))
                 .unwrap_or_else(std::time::Instant::now),
+            last_lag_report: std::time::Instant::now(),
         })
     }
 }
 
 impl<T> KafkaSourceReader<T> {
+    /// Sets `onceflow_kafka_consumer_lag` (partition end minus this subtask's position) at
+    /// most once a second.
+    fn report_lag(&mut self) {
+        if self.last_lag_report.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        self.last_lag_report = std::time::Instant::now();
+        let ends = self.consumer.context().ends.lock().clone();
+        for p in &self.partitions {
+            let (Some(end), Some(pos)) = (ends.get(p), self.positions.get(p)) else {
+                continue;
+            };
+            metrics::gauge!(m::CONSUMER_LAG, "topic" => self.topic.clone(), "partition" => p.to_string())
+                .set((end - pos).max(0) as f64);
+        }
+    }
+
     fn assign(&mut self) -> onceflow_runtime::Result<()> {
         let mut tpl = TopicPartitionList::new();
         for p in &self.partitions {
@@ -268,6 +297,7 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
         if self.partitions.is_empty() {
             return Ok(SourcePoll::Idle(Duration::from_millis(100)));
         }
+        self.report_lag();
         let mut n = 0;
         while n < max {
             match self.consumer.poll(Duration::ZERO) {
