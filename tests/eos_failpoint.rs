@@ -14,13 +14,21 @@ use eos_common::*;
 /// Checkpoint at which the failpoint fires.
 const N: u64 = 3;
 
-/// Runs the failpoint scenario in `mode`; returns the final report and the ids that were
-/// written but uncommitted when the process died, with where they were written.
-fn failpoint_run(
-    test: &str,
-    mode: &str,
-    failpoint: &str,
-) -> (Report, HashMap<u64, (i32, i64)>, Vec<Consumed>, Vec<String>) {
+/// What a failpoint run saw.
+struct Outcome {
+    /// The final check of the committed output.
+    report: Report,
+    /// Ids written but uncommitted when the process died, with (partition, offset).
+    pending: HashMap<u64, (i32, i64)>,
+    /// The committed output at the end.
+    output: Vec<Consumed>,
+    /// Stdout of the restarted job up to `job started`.
+    restart: Vec<String>,
+}
+
+/// Runs the scenario in `mode` with `ONCEFLOW_FAILPOINT={failpoint}:N`, then restarts the job
+/// and lets it finish.
+fn failpoint_run(test: &str, mode: &str, failpoint: &str) -> Outcome {
     let _machine = exclusive();
     let seed = seed(test);
     let dir = scenario_dir(test);
@@ -108,7 +116,12 @@ fn failpoint_run(
     eprintln!("[eos] {test}: {report}");
     drop(broker);
     finish_dir(dir);
-    (report, pending, output, restart_lines)
+    Outcome {
+        report,
+        pending,
+        output,
+        restart: restart_lines,
+    }
 }
 
 /// Every pending id is in the final committed output exactly once.
@@ -135,7 +148,12 @@ fn assert_pending_once(pending: &HashMap<u64, (i32, i64)>, output: &[Consumed]) 
 
 #[test]
 fn two_phase_commit_commits_the_crashed_checkpoint_once() {
-    let (report, pending, output, _) = failpoint_run(
+    let Outcome {
+        report,
+        pending,
+        output,
+        ..
+    } = failpoint_run(
         "eos_failpoint_2pc",
         "two-phase-commit",
         "after-checkpoint-complete",
@@ -156,7 +174,12 @@ fn two_phase_commit_commits_the_crashed_checkpoint_once() {
 
 #[test]
 fn transactional_offsets_keep_the_crashed_checkpoint_once() {
-    let (report, pending, output, _) = failpoint_run(
+    let Outcome {
+        report,
+        pending,
+        output,
+        ..
+    } = failpoint_run(
         "eos_failpoint_txn_offsets",
         "transactional-offsets",
         "after-checkpoint-complete",
@@ -167,8 +190,12 @@ fn transactional_offsets_keep_the_crashed_checkpoint_once() {
 
 #[test]
 fn two_phase_commit_does_not_restore_an_unsealed_checkpoint() {
-    let (report, pending, output, restart) =
-        failpoint_run("eos_failpoint_2pc_seal", "two-phase-commit", "before-seal");
+    let Outcome {
+        report,
+        pending,
+        output,
+        restart,
+    } = failpoint_run("eos_failpoint_2pc_seal", "two-phase-commit", "before-seal");
     assert_pending_once(&pending, &output);
     // Checkpoint N's metadata was durable but it was never sealed: the restart restores N-1,
     // fences (aborts) N's transactions and replays their input.
