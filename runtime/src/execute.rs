@@ -252,6 +252,13 @@ impl StreamEnvironment {
                         None => break,
                         Some(Ok(Ok(()))) => {}
                         Some(Ok(Err((name, e)))) => {
+                            // a closed channel is mostly the echo of the coordinator's failure
+                            // (e.g. a failed seal): report the cause, not the echo
+                            if matches!(e, Error::ChannelClosed(_)) && coord_done.is_none() {
+                                if let Ok(Ok(Err(cause))) = tokio::time::timeout(std::time::Duration::from_millis(500), &mut coord).await {
+                                    return fail(cause, &mut tasks, &coord);
+                                }
+                            }
                             tracing::error!(subtask = %name, error = %e, "subtask failed; the job fails");
                             return fail(e, &mut tasks, &coord);
                         }
