@@ -115,12 +115,8 @@ fn fail_config(msg: impl std::fmt::Display) -> ! {
     std::process::exit(2);
 }
 
-fn say(line: String) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
+mod demo_support;
+use demo_support::say;
 
 fn main() {
     tracing_subscriber::fmt()
@@ -536,58 +532,49 @@ fn wait_for_checkpoint_dir(
 /// The embedded demo: an input generator and a read_committed verifier of the output.
 mod demo {
     use super::*;
-    use rdkafka::config::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::Message;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use demo_support::{spawn_output_reader, spawn_paced_producer, Tally};
 
     /// Writes `rate` records per second (every 500th does not parse) until `stop`.
     pub fn spawn_generator(brokers: String, topic: String, rate: u64, stop: Arc<AtomicBool>) {
-        std::thread::spawn(move || {
-            let producer: BaseProducer = match ClientConfig::new()
-                .set("bootstrap.servers", &brokers)
-                .set("enable.idempotence", "true")
-                .set("linger.ms", "5")
-                .create()
-            {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("demo generator: {e}");
-                    return;
-                }
+        spawn_paced_producer(brokers, topic, rate, stop, |id| {
+            let key = format!("customer-{}", id % 8);
+            let value = if id % 500 == 499 {
+                format!("not json {id}")
+            } else {
+                format!(
+                    r#"{{"id":{id},"key":"{key}","amount":{}}}"#,
+                    (id % 100) as i64 - 20
+                )
             };
-            let mut id = 0u64;
-            let tick = Duration::from_millis(50);
-            let per_tick = (rate / 20).max(1);
-            while !stop.load(Ordering::Relaxed) {
-                let t0 = Instant::now();
-                for _ in 0..per_tick {
-                    let key = format!("customer-{}", id % 8);
-                    let value = if id % 500 == 499 {
-                        format!("not json {id}")
-                    } else {
-                        format!(
-                            r#"{{"id":{id},"key":"{key}","amount":{}}}"#,
-                            (id % 100) as i64 - 20
-                        )
-                    };
-                    loop {
-                        match producer.send(BaseRecord::to(&topic).key(&key).payload(&value)) {
-                            Ok(()) => break,
-                            Err(_) => {
-                                producer.poll(Duration::from_millis(10));
-                            }
-                        }
-                    }
-                    id += 1;
-                }
-                producer.poll(Duration::ZERO);
-                if let Some(rest) = tick.checked_sub(t0.elapsed()) {
-                    std::thread::sleep(rest);
+            (key, value)
+        });
+    }
+
+    /// Records, distinct ids and duplicated ids of the output.
+    #[derive(Default)]
+    struct Ids {
+        ids: HashSet<u64>,
+        records: u64,
+        dups: u64,
+    }
+
+    impl Tally for Ids {
+        fn record(&mut self, payload: &[u8]) {
+            self.records += 1;
+            if let Ok(o) = serde_json::from_slice::<Output>(payload) {
+                if !self.ids.insert(o.id) {
+                    self.dups += 1;
                 }
             }
-            let _ = producer.flush(Duration::from_secs(10));
-        });
+        }
+        fn summary(&self) -> String {
+            format!(
+                "{} records, {} distinct ids, {} duplicates",
+                self.records,
+                self.ids.len(),
+                self.dups
+            )
+        }
     }
 
     /// Reads the output read_committed and reports records, distinct ids and duplicates.
@@ -596,57 +583,12 @@ mod demo {
         topic: String,
         stop: Arc<AtomicBool>,
     ) -> std::thread::JoinHandle<String> {
-        std::thread::spawn(move || {
-            let consumer: BaseConsumer = match ClientConfig::new()
-                .set("bootstrap.servers", &brokers)
-                .set("group.id", "onceflow-etl-verifier")
-                .set("isolation.level", "read_committed")
-                .set("enable.auto.commit", "false")
-                .set("auto.offset.reset", "earliest")
-                .create()
-            {
-                Ok(c) => c,
-                Err(e) => return format!("verifier: {e}"),
-            };
-            if let Err(e) = consumer.subscribe(&[&topic]) {
-                return format!("verifier: {e}");
-            }
-            let mut ids = HashSet::new();
-            let (mut records, mut dups) = (0u64, 0u64);
-            let mut last_print = Instant::now();
-            let mut quiet_since: Option<Instant> = None;
-            loop {
-                match consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(m)) => {
-                        quiet_since = None;
-                        records += 1;
-                        if let Some(Ok(o)) = m.payload().map(serde_json::from_slice::<Output>) {
-                            if !ids.insert(o.id) {
-                                dups += 1;
-                            }
-                        }
-                    }
-                    _ => {
-                        if stop.load(Ordering::Relaxed) {
-                            let q = *quiet_since.get_or_insert_with(Instant::now);
-                            if q.elapsed() > Duration::from_secs(2) {
-                                break;
-                            }
-                        }
-                    }
-                }
-                if last_print.elapsed() >= Duration::from_secs(2) {
-                    last_print = Instant::now();
-                    say(format!(
-                        "output (read_committed): {records} records, {} distinct ids, {dups} duplicates",
-                        ids.len()
-                    ));
-                }
-            }
-            format!(
-                "final output (read_committed): {records} records, {} distinct ids, {dups} duplicates",
-                ids.len()
-            )
-        })
+        spawn_output_reader(
+            brokers,
+            topic,
+            "onceflow-etl-verifier",
+            stop,
+            Ids::default(),
+        )
     }
 }

@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use onceflow::connectors::kafka::Decoder;
@@ -138,12 +138,8 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn say(line: String) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
+mod demo_support;
+use demo_support::say;
 
 fn main() {
     tracing_subscriber::fmt()
@@ -320,10 +316,8 @@ fn run(args: Args) -> anyhow::Result<()> {
 /// The embedded demo: an input generator and a read_committed verifier of the output.
 mod demo {
     use super::*;
+    use demo_support::{spawn_output_reader, spawn_paced_producer, Tally};
     use rdkafka::config::ClientConfig;
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::Message;
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
     /// Creates the demo's topics (4 partitions each) so the source finds its input at once.
     pub async fn create_topics(brokers: &str, topics: &[String]) -> anyhow::Result<()> {
@@ -348,49 +342,51 @@ mod demo {
     /// sessions close), event time 20 ms apart per event (20x the wall clock at 1000/s) and
     /// up to 2 s out of order.
     pub fn spawn_generator(brokers: String, topic: String, rate: u64, stop: Arc<AtomicBool>) {
-        std::thread::spawn(move || {
-            let producer: BaseProducer = match ClientConfig::new()
-                .set("bootstrap.servers", &brokers)
-                .set("enable.idempotence", "true")
-                .set("linger.ms", "5")
-                .create()
-            {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("demo generator: {e}");
-                    return;
-                }
-            };
-            let base = now_ms();
-            let mut id = 0i64;
-            let tick = Duration::from_millis(50);
-            let per_tick = (rate / 20).max(1);
-            while !stop.load(Ordering::Relaxed) {
-                let t0 = Instant::now();
-                for _ in 0..per_tick {
-                    let user = format!("user-{}", (id / 200 + id % 4) % 40);
-                    let ts = base + id * 20 - (id * 7919 % 100) * 20;
-                    let value = format!(
-                        r#"{{"user":"{user}","ts":{ts},"amount":{}}}"#,
-                        id % 100 - 20
-                    );
-                    loop {
-                        match producer.send(BaseRecord::to(&topic).key(&user).payload(&value)) {
-                            Ok(()) => break,
-                            Err(_) => {
-                                producer.poll(Duration::from_millis(10));
-                            }
-                        }
-                    }
-                    id += 1;
-                }
-                producer.poll(Duration::ZERO);
-                if let Some(rest) = tick.checked_sub(t0.elapsed()) {
-                    std::thread::sleep(rest);
-                }
-            }
-            let _ = producer.flush(Duration::from_secs(10));
+        let base = now_ms();
+        spawn_paced_producer(brokers, topic, rate, stop, move |i| {
+            let id = i as i64;
+            let user = format!("user-{}", (id / 200 + id % 4) % 40);
+            let ts = base + id * 20 - (id * 7919 % 100) * 20;
+            let value = format!(
+                r#"{{"user":"{user}","ts":{ts},"amount":{}}}"#,
+                id % 100 - 20
+            );
+            (user, value)
         });
+    }
+
+    /// Minute windows, sessions and windows seen twice in the output.
+    #[derive(Default)]
+    struct Windows {
+        seen: HashSet<(String, String, i64)>,
+        minutes: u64,
+        sessions: u64,
+        repeats: u64,
+        events: u64,
+    }
+
+    impl Tally for Windows {
+        fn record(&mut self, payload: &[u8]) {
+            let Ok(c) = serde_json::from_slice::<Count>(payload) else {
+                return;
+            };
+            match c.kind.as_str() {
+                "minute" => {
+                    self.minutes += 1;
+                    self.events += c.count;
+                }
+                _ => self.sessions += 1,
+            }
+            if !self.seen.insert((c.kind, c.user, c.start)) {
+                self.repeats += 1;
+            }
+        }
+        fn summary(&self) -> String {
+            format!(
+                "{} minute windows ({} events), {} sessions, {} repeated windows",
+                self.minutes, self.events, self.sessions, self.repeats
+            )
+        }
     }
 
     /// Reads the output read_committed; reports results and windows seen twice (with no
@@ -400,61 +396,12 @@ mod demo {
         topic: String,
         stop: Arc<AtomicBool>,
     ) -> std::thread::JoinHandle<String> {
-        std::thread::spawn(move || {
-            let consumer: BaseConsumer = match ClientConfig::new()
-                .set("bootstrap.servers", &brokers)
-                .set("group.id", "onceflow-windowed-counts-verifier")
-                .set("isolation.level", "read_committed")
-                .set("enable.auto.commit", "false")
-                .set("auto.offset.reset", "earliest")
-                .create()
-            {
-                Ok(c) => c,
-                Err(e) => return format!("verifier: {e}"),
-            };
-            if let Err(e) = consumer.subscribe(&[&topic]) {
-                return format!("verifier: {e}");
-            }
-            let mut seen = HashSet::new();
-            let (mut minutes, mut sessions, mut repeats, mut events) = (0u64, 0u64, 0u64, 0u64);
-            let mut last_print = Instant::now();
-            let mut quiet_since: Option<Instant> = None;
-            loop {
-                match consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(m)) => {
-                        quiet_since = None;
-                        if let Some(Ok(c)) = m.payload().map(serde_json::from_slice::<Count>) {
-                            match c.kind.as_str() {
-                                "minute" => {
-                                    minutes += 1;
-                                    events += c.count;
-                                }
-                                _ => sessions += 1,
-                            }
-                            if !seen.insert((c.kind, c.user, c.start)) {
-                                repeats += 1;
-                            }
-                        }
-                    }
-                    _ => {
-                        if stop.load(Ordering::Relaxed) {
-                            let q = *quiet_since.get_or_insert_with(Instant::now);
-                            if q.elapsed() > Duration::from_secs(2) {
-                                break;
-                            }
-                        }
-                    }
-                }
-                if last_print.elapsed() >= Duration::from_secs(2) {
-                    last_print = Instant::now();
-                    say(format!(
-                        "output (read_committed): {minutes} minute windows ({events} events), {sessions} sessions, {repeats} repeated windows"
-                    ));
-                }
-            }
-            format!(
-                "final output (read_committed): {minutes} minute windows ({events} events), {sessions} sessions, {repeats} repeated windows"
-            )
-        })
+        spawn_output_reader(
+            brokers,
+            topic,
+            "onceflow-windowed-counts-verifier",
+            stop,
+            Windows::default(),
+        )
     }
 }
