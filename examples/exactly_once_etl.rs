@@ -162,43 +162,30 @@ fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let stop_demo = Arc::new(AtomicBool::new(false));
-    let (brokers, embedded, checkpoint_dir) = match &args.brokers {
-        Some(b) => (
-            b.clone(),
-            None,
-            args.checkpoint_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("./onceflow-checkpoints/etl")),
-        ),
-        None => {
-            let cfg = onceflow::broker::BrokerConfig {
-                default_partitions: 4,
-                ..Default::default()
-            };
-            let broker = helper_rt.block_on(onceflow::broker::start(cfg))?;
-            let b = broker.bootstrap_servers();
-            let dir = args.checkpoint_dir.clone().unwrap_or_else(|| {
-                std::env::temp_dir().join(format!(
-                    "onceflow-etl-{}-{}",
-                    std::process::id(),
-                    now_ms()
-                ))
-            });
-            say(format!(
-                "embedded broker at {b}; demo generator writes {} records/s to {}; checkpoints in {}",
-                args.demo_rate,
-                args.input,
-                dir.display()
-            ));
-            demo::spawn_generator(
-                b.clone(),
-                args.input.clone(),
-                args.demo_rate,
-                stop_demo.clone(),
-            );
-            (b, Some(broker), dir)
-        }
-    };
+    let demo_support::Placement {
+        brokers,
+        embedded,
+        checkpoint_dir,
+    } = demo_support::place(
+        &helper_rt,
+        "etl",
+        args.brokers.as_ref(),
+        args.checkpoint_dir.clone(),
+    )?;
+    if embedded.is_some() {
+        say(format!(
+            "embedded broker at {brokers}; demo generator writes {} records/s to {}; checkpoints in {}",
+            args.demo_rate,
+            args.input,
+            checkpoint_dir.display()
+        ));
+        demo::spawn_generator(
+            brokers.clone(),
+            args.input.clone(),
+            args.demo_rate,
+            stop_demo.clone(),
+        );
+    }
 
     // one live instance per checkpoint directory; a newer one takes over (docs/KAFKA.md)
     let mut instance_lock = lock_checkpoint_dir(&checkpoint_dir)?;
