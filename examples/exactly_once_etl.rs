@@ -23,6 +23,7 @@ use onceflow::connectors::kafka::{
     PrefixClaim, SinkRecord,
 };
 use onceflow::prelude::*;
+use onceflow::runtime::checkpoint::{CheckpointStorage, LocalDirStorage};
 use serde::{Deserialize, Serialize};
 
 /// Command line (stable: tests drive it).
@@ -254,6 +255,15 @@ fn run(args: Args) -> anyhow::Result<()> {
         // 3. the group's committed offsets name the newest complete checkpoint, for good now
         match committed_checkpoint(&brokers, &args.group, &args.input)? {
             Some(c) => {
+                let complete =
+                    LocalDirStorage::new(&checkpoint_dir).and_then(|st| st.list_complete())?;
+                if !complete.contains(&c) {
+                    fail_config(format!(
+                        "group {} has committed offsets of checkpoint {c}, but {} holds no complete checkpoint {c} (it has {complete:?}): the checkpoint directory was deleted or belongs to another job. Restore the directory, or start over with a new --group and a new output topic",
+                        args.group,
+                        checkpoint_dir.display()
+                    ));
+                }
                 say(format!(
                     "restoring checkpoint {c} (named by group {})",
                     args.group

@@ -191,3 +191,44 @@ fn http_get(port: u16, path: &str) -> String {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default()
 }
+
+/// Bad input: the group's offsets name a checkpoint the checkpoint directory does not hold
+/// (the directory was deleted). The job must not start from scratch (that would duplicate
+/// committed output); it exits with code 2 and says what to do.
+#[test]
+fn group_offsets_without_their_checkpoint_are_refused() {
+    let _machine = exclusive();
+    let test = "eos_config_missing_checkpoint";
+    let dir = scenario_dir(test);
+    let args = JobArgs::new("two-phase-commit", dir.path());
+    let (broker, data) = setup(dir.path(), &args, 2_000, seed(test));
+    let bootstrap = broker.bootstrap().to_string();
+    produce_paced(&bootstrap, &args.input, &data, 1, Duration::ZERO)
+        .join()
+        .expect("input producer");
+    let mut job = spawn_job(&bootstrap, &args, "first");
+    let line = job.wait_line(Duration::from_secs(90), |l| {
+        checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
+    });
+    assert!(
+        line.is_some(),
+        "no checkpoint 2 committed\n{}",
+        job.describe()
+    );
+    job.term();
+    let status = job.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGTERM: {status:?}\n{}",
+        job.describe()
+    );
+
+    std::fs::remove_dir_all(&args.checkpoint_dir).expect("delete the checkpoint directory");
+    let mut again = spawn_job(&bootstrap, &args, "without-checkpoints");
+    assert_refused(
+        &mut again,
+        &[&["holds no complete checkpoint"], &["--group"]],
+    );
+    drop(broker);
+    finish_dir(dir);
+}

@@ -51,17 +51,9 @@ fn failpoint_run(test: &str, mode: &str, failpoint: &str) -> Outcome {
         .env
         .push(("ONCEFLOW_FAILPOINT".into(), format!("{failpoint}:{N}")));
     let mut job = spawn_job(&bootstrap, &crashing, "failpoint");
-    let status = job.wait_exit(Duration::from_secs(120));
-    assert!(
-        status.is_some(),
-        "the failpoint after checkpoint {N} did not end the process within 120 s\n{}",
-        job.describe()
-    );
-    let status = status.unwrap();
-    assert!(
-        !status.success(),
-        "the failpoint process exited successfully ({status})\n{}",
-        job.describe()
+    let status = job.expect_failure(
+        Duration::from_secs(120),
+        &format!("the failpoint {failpoint}:{N} aborts the process"),
     );
     let lines = job.lines();
     assert!(

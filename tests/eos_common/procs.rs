@@ -232,6 +232,26 @@ impl Proc {
         }
     }
 
+    /// Waits up to `timeout` for the process to exit by itself with a failure (non-zero code or
+    /// a signal); panics, saying `why` it should have, if it runs on or succeeds.
+    pub fn expect_failure(&mut self, timeout: Duration, why: &str) -> ExitStatus {
+        let Some(status) = self.wait_exit(timeout) else {
+            panic!(
+                "{} still runs after {} s; expected it to stop: {why}\n{}",
+                self.name,
+                timeout.as_secs(),
+                self.describe()
+            );
+        };
+        assert!(
+            !status.success(),
+            "{} exited with success ({status}); expected a failure: {why}\n{}",
+            self.name,
+            self.describe()
+        );
+        status
+    }
+
     /// SIGKILL (kill -9) and reap. Returns false if it had already exited.
     pub fn kill9(&mut self) -> bool {
         if self.try_status().is_some() {
