@@ -1,6 +1,10 @@
 //! Issue 5, "Done when" 4: the broker is killed with -9 and restarted on the same data dir
 //! and port under a running job (three times). The job recovers by itself, or, if it exits,
 //! is restarted by the test; the output stays exactly-once.
+//!
+//! And network drops: every client talks to the broker through a TCP proxy (the broker
+//! advertises it) that cuts all connections, or partitions the network for up to 3 s, at
+//! random moments (six times). Same outcome required.
 
 mod eos_common;
 
@@ -115,4 +119,90 @@ fn two_phase_commit_job_survives_broker_kill9() {
 #[test]
 fn transactional_offsets_job_survives_broker_kill9() {
     broker_kill_run("eos_broker_kill_txn_offsets", "transactional-offsets");
+}
+
+/// Network drops per run.
+const NETWORK_DROPS: usize = 6;
+
+fn network_drop_run(test: &str, mode: &str) {
+    let _machine = exclusive();
+    let seed = seed(test);
+    let dir = scenario_dir(test);
+    let args = JobArgs::new(mode, dir.path());
+    let n = env_u64("ONCEFLOW_EOS_NETWORK_RECORDS", 30_000);
+    // the broker advertises the proxy, so it must forward before any client connects
+    let mut proxy = Proxy::bind();
+    bins();
+    let broker = Broker::start(dir.path(), &["--advertised-listener", &proxy.addr()]);
+    proxy.start(broker.bootstrap());
+    let bootstrap = proxy.addr();
+    create_topics(&bootstrap, &[&args.input, &args.output, &args.dlq()]);
+    let data = Dataset::generate(n, seed);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let producer = produce_paced(
+        &bootstrap,
+        &args.input,
+        &data,
+        50,
+        Duration::from_millis(250),
+    );
+    let mut job = spawn_job(&bootstrap, &args, "1");
+    let line = job.wait_line(Duration::from_secs(90), |l| {
+        checkpoint_number(l, "committed").is_some()
+    });
+    assert!(
+        line.is_some(),
+        "the job did not commit a checkpoint within 90 s\n{}",
+        job.describe()
+    );
+    let mut job_exits = 0;
+    for k in 1..=NETWORK_DROPS {
+        std::thread::sleep(Duration::from_millis(rng.random_range(300..2000)));
+        let (what, cut) = if rng.random_bool(0.5) {
+            ("cut", proxy.cut())
+        } else {
+            let d = Duration::from_millis(rng.random_range(500..3000));
+            ("partition", proxy.partition(d))
+        };
+        eprintln!("[eos] {test}: drop {k}: {what} of {cut} connections");
+        if let Some(status) = job.try_status() {
+            job_exits += 1;
+            eprintln!(
+                "[eos] {test}: drop {k}: the job exited ({status}); restarting it\n{}",
+                job.describe()
+            );
+            job = spawn_job(&bootstrap, &args, &format!("{}", job_exits + 1));
+        }
+    }
+    producer.join().expect("input producer");
+    let restarts = finish(
+        &bootstrap,
+        &args,
+        &data,
+        Some(job),
+        Duration::from_secs(150),
+        3,
+    );
+    let report = check_output(&bootstrap, &args, &data);
+    eprintln!(
+        "[eos] {test}: {NETWORK_DROPS} network drops, job exited {job_exits} times during them \
+         and {restarts} times afterwards\n{report}"
+    );
+    assert!(
+        report.is_exact(),
+        "output after {NETWORK_DROPS} network drops:\n{report}"
+    );
+    drop(broker);
+    drop(proxy);
+    finish_dir(dir);
+}
+
+#[test]
+fn two_phase_commit_job_survives_network_drops() {
+    network_drop_run("eos_network_2pc", "two-phase-commit");
+}
+
+#[test]
+fn transactional_offsets_job_survives_network_drops() {
+    network_drop_run("eos_network_txn_offsets", "transactional-offsets");
 }

@@ -14,6 +14,7 @@
 
 pub mod data;
 pub mod procs;
+pub mod proxy;
 
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -26,6 +27,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 pub use data::*;
 pub use procs::*;
+#[allow(unused_imports)] // used by the network-drop tests only
+pub use proxy::Proxy;
 
 /// Serialises the scenarios of one test binary: each runs a broker and job processes, and
 /// running several at once on a 2-core machine only makes kill timing meaningless.
