@@ -5,6 +5,10 @@
 //! And network drops: every client talks to the broker through a TCP proxy (the broker
 //! advertises it) that cuts all connections, or partitions the network for up to 3 s, at
 //! random moments (six times). Same outcome required.
+//!
+//! And a stall longer than the transaction timeout: the job is frozen (SIGSTOP) while the
+//! broker aborts its open transactions, then resumes. It must notice (a refused seal, or a
+//! fenced producer), fail, and be restarted by the test from the last sealed checkpoint.
 
 mod eos_common;
 
@@ -205,4 +209,72 @@ fn two_phase_commit_job_survives_network_drops() {
 #[test]
 fn transactional_offsets_job_survives_network_drops() {
     network_drop_run("eos_network_txn_offsets", "transactional-offsets");
+}
+
+fn stall_run(test: &str, mode: &str) {
+    let _machine = exclusive();
+    let seed = seed(test);
+    let dir = scenario_dir(test);
+    let mut args = JobArgs::new(mode, dir.path());
+    args.transaction_timeout_ms = Some(4_000);
+    args.extra_args = vec!["--recovery-allowance-ms".into(), "1000".into()];
+    let n = env_u64("ONCEFLOW_EOS_STALL_RECORDS", 20_000);
+    let (broker, data) = setup(dir.path(), &args, n, seed);
+    let bootstrap = broker.bootstrap().to_string();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let producer = produce_paced(
+        &bootstrap,
+        &args.input,
+        &data,
+        40,
+        Duration::from_millis(250),
+    );
+    let mut job = spawn_job(&bootstrap, &args, "1");
+    let line = job.wait_line(Duration::from_secs(90), |l| {
+        checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
+    });
+    assert!(
+        line.is_some(),
+        "the job did not commit checkpoint 2 within 90 s\n{}",
+        job.describe()
+    );
+    std::thread::sleep(Duration::from_millis(rng.random_range(0..1000)));
+    // 4 s timeout, the broker aborts within 100 ms of it: 7 s is well past
+    job.freeze(Duration::from_secs(7));
+    let status = job.expect_failure(
+        Duration::from_secs(60),
+        "its transactions were aborted by the transaction timeout while it was frozen",
+    );
+    let said = format!("{}\n{}", job.lines().join("\n"), job.stderr_tail(100));
+    eprintln!("[eos] {test}: the frozen job failed after it resumed ({status})");
+    assert!(
+        !said.contains("DATA LOSS"),
+        "the stall lost committed-checkpoint output\n{}",
+        job.describe()
+    );
+    producer.join().expect("input producer");
+    let restarted = spawn_job(&bootstrap, &args, "2");
+    let restarts = finish(
+        &bootstrap,
+        &args,
+        &data,
+        Some(restarted),
+        Duration::from_secs(150),
+        2,
+    );
+    let report = check_output(&bootstrap, &args, &data);
+    eprintln!("[eos] {test}: restarted {restarts} more times\n{report}");
+    assert!(report.is_exact(), "output after the stall:\n{report}");
+    drop(broker);
+    finish_dir(dir);
+}
+
+#[test]
+fn two_phase_commit_job_survives_a_stall_beyond_the_transaction_timeout() {
+    stall_run("eos_stall_2pc", "two-phase-commit");
+}
+
+#[test]
+fn transactional_offsets_job_survives_a_stall_beyond_the_transaction_timeout() {
+    stall_run("eos_stall_txn_offsets", "transactional-offsets");
 }

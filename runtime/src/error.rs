@@ -57,6 +57,11 @@ pub enum Error {
     /// A channel between subtasks closed unexpectedly: a peer subtask failed or was cancelled.
     #[error("channel closed: {0}")]
     ChannelClosed(String),
+    /// A connector can no longer take part in this run (e.g. fenced by a newer instance, or
+    /// the output of a complete checkpoint was lost): the job stops instead of retrying. A
+    /// restart (restoring the last complete checkpoint) may succeed.
+    #[error("fatal connector error: {0}")]
+    Fatal(String),
     /// A broken runtime invariant (a bug in onceflow).
     #[error("internal error (bug): {0}")]
     Internal(String),
@@ -79,6 +84,7 @@ impl Error {
         match self {
             Error::InvalidJob(_) | Error::Operator { .. } | Error::Serialization(_) => Fault::User,
             Error::Connector(_)
+            | Error::Fatal(_)
             | Error::CorruptCheckpoint { .. }
             | Error::CheckpointNotFound(_)
             | Error::NoValidCheckpoint(_)
@@ -94,6 +100,7 @@ impl Error {
         matches!(
             self,
             Error::Connector(_)
+                | Error::Fatal(_)
                 | Error::Io { .. }
                 | Error::CheckpointFailed { .. }
                 | Error::ChannelClosed(_)

@@ -274,6 +274,25 @@ impl Proc {
         assert!(status.success(), "kill -TERM {} failed", self.pid());
     }
 
+    /// Freezes the process (SIGSTOP) for `d`, then lets it go on (SIGCONT): a stall such as a
+    /// long GC pause or an overloaded host.
+    pub fn freeze(&mut self, d: Duration) {
+        if self.try_status().is_some() {
+            return;
+        }
+        let pid = self.pid().to_string();
+        for sig in ["-STOP", "-CONT"] {
+            let status = Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill {sig} {pid} failed");
+            if sig == "-STOP" {
+                std::thread::sleep(d);
+            }
+        }
+    }
+
     /// The last `n` lines of the stderr log (for failure messages).
     pub fn stderr_tail(&self, n: usize) -> String {
         let mut s = String::new();

@@ -59,6 +59,12 @@ impl KafkaError {
 
 impl From<KafkaError> for onceflow_runtime::Error {
     fn from(e: KafkaError) -> Self {
-        onceflow_runtime::Error::Connector(e.to_string())
+        match e {
+            // no retry can help this run: the job stops (and restarts from its checkpoint)
+            KafkaError::Fenced(_) | KafkaError::DataLoss(_) => {
+                onceflow_runtime::Error::Fatal(e.to_string())
+            }
+            _ => onceflow_runtime::Error::Connector(e.to_string()),
+        }
     }
 }

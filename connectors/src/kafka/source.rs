@@ -293,6 +293,9 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
     async fn poll(&mut self, out: &mut Vec<T>, max: usize) -> onceflow_runtime::Result<SourcePoll> {
         if !self.assigned {
             self.assign()?;
+            if let Some(link) = &self.link {
+                link.source_started();
+            }
         }
         if self.partitions.is_empty() {
             return Ok(SourcePoll::Idle(Duration::from_millis(100)));

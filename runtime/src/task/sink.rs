@@ -9,7 +9,7 @@ use crate::connector::Sink;
 use crate::element::{CheckpointId, Data};
 use crate::state::format::encode;
 use crate::task::TaskContext;
-use crate::Result;
+use crate::{Error, Result};
 
 struct PendingCommits<P> {
     list: Vec<(CheckpointId, P)>,
@@ -53,6 +53,17 @@ async fn commit_up_to<T, S: Sink<T>>(
     }
 }
 
+/// Keeps only a fatal error (the others are retried at the next completion).
+fn fatal_only(r: Result<()>) -> Result<()> {
+    match r {
+        Err(e @ Error::Fatal(_)) => {
+            tracing::error!(error = %e, "sink cannot commit any more; the job fails");
+            Err(e)
+        }
+        _ => Ok(()),
+    }
+}
+
 pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
     mut sink: S,
     mut gate: InputGate<T>,
@@ -64,8 +75,9 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
     loop {
         if progress_open && progress.has_changed().unwrap_or(false) {
             let p = *progress.borrow_and_update();
-            // a failing commit is retried at the next completion (it stays pending)
-            let _ = commit_up_to(&mut sink, &mut pending, p.completed, &ctx).await;
+            // a failing commit is retried at the next completion (it stays pending), unless
+            // the sink says it cannot take part any more
+            fatal_only(commit_up_to(&mut sink, &mut pending, p.completed, &ctx).await)?;
         }
         let ev = tokio::select! {
             biased;
@@ -76,7 +88,7 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
                 // commits waited until the end of the job. Commit here.
                 if progress_open {
                     let p = *progress.borrow_and_update();
-                    let _ = commit_up_to(&mut sink, &mut pending, p.completed, &ctx).await;
+                    fatal_only(commit_up_to(&mut sink, &mut pending, p.completed, &ctx).await)?;
                 }
                 continue;
             }
@@ -104,6 +116,7 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
                             s
                         })
                     }
+                    Err(e @ Error::Fatal(_)) => return Err(e),
                     Err(e) => Err(e),
                 };
                 ctx.persist_and_ack(id, snap);

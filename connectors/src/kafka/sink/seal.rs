@@ -44,6 +44,11 @@ struct SealInner {
     producer: Arc<Prod>,
     link: OffsetsLink,
     id: String,
+    transaction_timeout: Duration,
+    /// Every transaction a seal would make committable started after this moment: the
+    /// barrier of the last sealed checkpoint; before the first seal of this run, the first
+    /// source poll (no record, hence no broker-side transaction, is older).
+    oldest_start: parking_lot::Mutex<Option<Instant>>,
 }
 
 impl CheckpointSeal {
@@ -62,6 +67,8 @@ impl CheckpointSeal {
             producer: p,
             link,
             id,
+            transaction_timeout: cfg.transaction_timeout,
+            oldest_start: parking_lot::Mutex::new(None),
         })))
     }
 }
@@ -90,6 +97,24 @@ impl SealInner {
 #[async_trait]
 impl CompletionHook for CheckpointSeal {
     async fn seal(&self, checkpoint: CheckpointId) -> onceflow_runtime::Result<()> {
+        // A sealed checkpoint's transactions must still be alive to be committed: if the job
+        // stalled (GC, SIGSTOP, an overloaded host) for about the transaction timeout, the
+        // broker may have aborted them. Not sealing fails the job, which then restores the
+        // last sealed checkpoint and replays; sealing would lose that output.
+        let oldest = *self.0.oldest_start.lock();
+        let age = oldest
+            .or_else(|| self.0.link.started_at())
+            .map_or(Duration::ZERO, |t| t.elapsed());
+        let margin = (self.0.transaction_timeout / 10).max(Duration::from_secs(1));
+        if age + margin >= self.0.transaction_timeout {
+            metrics::counter!(m::SEALS_REFUSED).increment(1);
+            return Err(KafkaError::Protocol(format!(
+                "not sealing checkpoint {checkpoint}: its oldest transaction may have started {:.1} s ago, too close to transaction.timeout.ms ({} ms; the broker may have aborted it). The job restarts from the last sealed checkpoint; if this repeats, raise --transaction-timeout-ms or checkpoint more often",
+                age.as_secs_f64(),
+                self.0.transaction_timeout.as_millis()
+            ))
+            .into());
+        }
         let t0 = Instant::now();
         let inner = self.0.clone();
         let r = blocking(move || inner.seal_blocking(checkpoint)).await?;
@@ -97,6 +122,8 @@ impl CompletionHook for CheckpointSeal {
             Ok(()) => {
                 metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "seal")
                     .record(t0.elapsed().as_secs_f64());
+                let barrier = self.0.link.barrier_at(checkpoint).unwrap_or(t0);
+                *self.0.oldest_start.lock() = Some(barrier);
                 self.0.link.forget_up_to(checkpoint);
                 tracing::debug!(checkpoint, transactional_id = %self.0.id, "checkpoint sealed");
                 Ok(())

@@ -34,6 +34,10 @@ struct LinkState {
     source_parallelism: usize,
     group_metadata: Option<Arc<ConsumerGroupMetadata>>,
     positions: BTreeMap<CheckpointId, BTreeMap<usize, KafkaPosition>>,
+    /// When the first source subtask reached each barrier.
+    barrier_at: BTreeMap<CheckpointId, Instant>,
+    /// When the first source subtask first polled (no transaction of this run is older).
+    started_at: Option<Instant>,
 }
 
 struct Instance {
@@ -101,13 +105,31 @@ impl OffsetsLink {
         subtask: usize,
         pos: &KafkaPosition,
     ) {
-        self.0
-            .state
-            .lock()
-            .positions
+        let mut st = self.0.state.lock();
+        st.positions
             .entry(checkpoint)
             .or_default()
             .insert(subtask, pos.clone());
+        st.barrier_at.entry(checkpoint).or_insert_with(Instant::now);
+    }
+
+    /// Notes that a source subtask polls for the first time.
+    pub(crate) fn source_started(&self) {
+        self.0
+            .state
+            .lock()
+            .started_at
+            .get_or_insert_with(Instant::now);
+    }
+
+    /// When the first source subtask first polled.
+    pub(crate) fn started_at(&self) -> Option<Instant> {
+        self.0.state.lock().started_at
+    }
+
+    /// When the first source subtask reached barrier `checkpoint` (if still remembered).
+    pub(crate) fn barrier_at(&self, checkpoint: CheckpointId) -> Option<Instant> {
+        self.0.state.lock().barrier_at.get(&checkpoint).copied()
     }
 }
 
@@ -152,7 +174,9 @@ impl OffsetsLink {
 
     /// Drops the positions of checkpoints up to `checkpoint` (committed).
     pub(crate) fn forget_up_to(&self, checkpoint: CheckpointId) {
-        self.0.state.lock().positions.retain(|c, _| *c > checkpoint);
+        let mut st = self.0.state.lock();
+        st.positions.retain(|c, _| *c > checkpoint);
+        st.barrier_at.retain(|c, _| *c > checkpoint);
     }
 }
 
@@ -293,7 +317,7 @@ impl OffsetsWriter {
         if let Err((fenced, msg)) = r {
             if fenced {
                 metrics::counter!(m::FENCING_EVENTS, "kind" => "fenced").increment(1);
-                return Err(KafkaError::Fenced(format!("checkpoint {checkpoint}: {msg}: another instance with the same transactional id prefix took over")).into());
+                return Err(KafkaError::Fenced(format!("checkpoint {checkpoint}: {msg}: its epoch was bumped: another instance with the same transactional id prefix took over, or the transaction outlived transaction.timeout.ms")).into());
             }
             // the transaction cannot be trusted any more: fail the job, recovery replays
             return Err(KafkaError::DataLoss(format!(

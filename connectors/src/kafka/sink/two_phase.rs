@@ -430,7 +430,7 @@ impl TwoPhaseWriter {
                 if fenced {
                     metrics::counter!(m::FENCING_EVENTS, "kind" => "fenced").increment(1);
                     self.fatal = Some(format!(
-                        "{msg}; another instance with the same transactional id prefix took over"
+                        "{msg}; its epoch was bumped: another instance with the same transactional id prefix took over, or the transaction outlived transaction.timeout.ms"
                     ));
                     return Err(KafkaError::Fenced(msg).into());
                 }
