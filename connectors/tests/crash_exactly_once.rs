@@ -5,16 +5,21 @@
 //! restore = latest. The committed output is then checked record by record. The same run with
 //! the at-least-once file sink must fail the check with duplicates.
 
+mod crash_support;
+
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crash_support::{
+    announce_checkpoint, announce_done, child_command, kill_repeatedly, next_event,
+    spawn_with_events,
+};
 use onceflow_connectors::{read_committed_lines, FileSink, FileSinkMode, Generator};
 use onceflow_operators::KeyBy;
-use onceflow_runtime::{CheckpointEvent, JobConfig, RestoreMode, StreamEnvironment};
+use onceflow_runtime::{JobConfig, RestoreMode, StreamEnvironment};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -67,11 +72,7 @@ fn crash_child_job() {
         .checkpoint_dir(dir.join("checkpoints"))
         .retained_checkpoints(2)
         .restore(RestoreMode::Latest)
-        .checkpoint_listener(|ev| match ev {
-            CheckpointEvent::Triggered(n) => println!("EVENT triggered {n}"),
-            CheckpointEvent::Completed(n) => println!("EVENT completed {n}"),
-            CheckpointEvent::Failed(n) => println!("EVENT failed {n}"),
-        });
+        .checkpoint_listener(announce_checkpoint);
     let sigterm = std::env::var("ONCEFLOW_CRASH_MODE").as_deref() == Ok("sigterm");
     let generator = if sigterm {
         Generator::unbounded(event)
@@ -92,10 +93,7 @@ fn crash_child_job() {
         })
         .sink("out", FileSink::new(dir.join("out")).mode(mode));
     let r = env.execute_blocking().expect("job failed");
-    println!(
-        "EVENT done restored_from={:?} completed={} failed={}",
-        r.restored_from, r.completed_checkpoints, r.failed_checkpoints
-    );
+    announce_done(&r);
 }
 
 fn spawn_child(dir: &Path, mode: &str) -> (Child, mpsc::Receiver<String>) {
@@ -109,51 +107,14 @@ fn spawn_child_with(
     full_speed: bool,
     parallelism: usize,
 ) -> (Child, mpsc::Receiver<String>) {
-    let mut cmd = Command::new(std::env::current_exe().expect("test binary path"));
+    let mut cmd = child_command("crash_child_job");
     cmd.env("ONCEFLOW_CRASH_PARALLELISM", parallelism.to_string());
     if full_speed {
         cmd.env("ONCEFLOW_CRASH_FULL_SPEED", "1");
     }
-    let mut child = cmd
-        .args([
-            "crash_child_job",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("ONCEFLOW_CRASH_DIR", dir)
-        .env("ONCEFLOW_CRASH_MODE", mode)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn child job");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some(ev) = line.strip_prefix("EVENT ") {
-                if tx.send(ev.to_string()).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    (child, rx)
-}
-
-/// Waits for an event starting with `prefix`, up to `timeout`; `None` if the child ended.
-fn next_event(rx: &mpsc::Receiver<String>, prefix: &str, timeout: Duration) -> Option<String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(ev) if ev.starts_with(prefix) => return Some(ev),
-            Ok(ev) if ev.starts_with("done") => return None,
-            Ok(_) => {}
-            Err(_) => return None,
-        }
-    }
+    cmd.env("ONCEFLOW_CRASH_DIR", dir)
+        .env("ONCEFLOW_CRASH_MODE", mode);
+    spawn_with_events(cmd)
 }
 
 fn wait_event(rx: &mpsc::Receiver<String>, prefix: &str, timeout: Duration) -> bool {
@@ -162,57 +123,24 @@ fn wait_event(rx: &mpsc::Receiver<String>, prefix: &str, timeout: Duration) -> b
 
 /// Runs the job with `kills` SIGKILLs, then to completion; returns the kill count.
 fn run_with_kills(dir: &Path, mode: &str, kills: usize) -> usize {
-    let mut rng = rand::rng();
-    let mut done = 0;
     let started = Instant::now();
-    while done < kills {
+    kill_repeatedly(kills, 30..600, |rng| {
         // the exactly-once run also changes the parallelism on restarts
         let parallelism = if mode == "exactly-once" {
             rng.random_range(1..=3)
         } else {
             2
         };
-        let (mut child, rx) = spawn_child_with(dir, mode, false, parallelism);
-        let strategy = done % 3;
-        let alive = match strategy {
-            // at a random moment
-            0 => {
-                std::thread::sleep(Duration::from_millis(rng.random_range(30..600)));
-                true
-            }
-            // while a checkpoint is in flight
-            1 => {
-                let skip = rng.random_range(0..3);
-                let mut ok = true;
-                for _ in 0..=skip {
-                    ok = ok && wait_event(&rx, "triggered", Duration::from_secs(10));
-                }
-                if ok {
-                    std::thread::sleep(Duration::from_micros(rng.random_range(0..3000)));
-                }
-                ok
-            }
-            // right after a checkpoint completed: before or during the sinks' commit
-            _ => {
-                let skip = rng.random_range(0..3);
-                let mut ok = true;
-                for _ in 0..=skip {
-                    ok = ok && wait_event(&rx, "completed", Duration::from_secs(10));
-                }
-                ok
-            }
-        };
-        if !alive || child.try_wait().expect("try_wait").is_some() {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the job finished before {kills} kills (only {done}); make it longer");
-        }
-        child.kill().expect("SIGKILL child");
-        let _ = child.wait();
-        done += 1;
-    }
+        spawn_child_with(dir, mode, false, parallelism)
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "the job finished before {kills} kills (only {}); make it longer",
+            e.kills_done
+        )
+    });
     eprintln!(
-        "{done} kills in {:?}; running to completion",
+        "{kills} kills in {:?}; running to completion",
         started.elapsed()
     );
     let (mut child, rx) = spawn_child_with(dir, mode, true, 2);
@@ -231,7 +159,7 @@ fn run_with_kills(dir: &Path, mode: &str, kills: usize) -> usize {
         assert!(Instant::now() < deadline, "final run did not exit");
         std::thread::sleep(Duration::from_millis(20));
     }
-    done
+    kills
 }
 
 /// Committed lines ordered by (checkpoint, subtask): within one checkpoint a key belongs to one

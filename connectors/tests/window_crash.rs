@@ -6,19 +6,23 @@
 //! windows, and restarted with restore = latest. Its committed output must be identical to
 //! that of an uninterrupted run of the same job.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+mod crash_support;
 
+use std::path::Path;
+use std::process::Child;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crash_support::{
+    announce_checkpoint, announce_done, child_command, kill_repeatedly, next_event,
+    spawn_with_events,
+};
 use onceflow_connectors::{read_committed_lines, FileSink, Generator};
 use onceflow_operators::window::{AggregateFunction, WindowAssigner, WindowResult};
 use onceflow_operators::{KeyBy, Map};
 use onceflow_runtime::{
-    CheckpointEvent, JobConfig, RestoreMode, SourceWatermarks, StreamEnvironment, WatermarkStrategy,
+    JobConfig, RestoreMode, SourceWatermarks, StreamEnvironment, WatermarkStrategy,
 };
-use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 const RECORDS: u64 = 60_000;
@@ -103,11 +107,7 @@ fn window_crash_child_job() {
         .checkpoint_dir(dir.join("checkpoints"))
         .retained_checkpoints(2)
         .restore(RestoreMode::Latest)
-        .checkpoint_listener(|ev| match ev {
-            CheckpointEvent::Triggered(n) => println!("EVENT triggered {n}"),
-            CheckpointEvent::Completed(n) => println!("EVENT completed {n}"),
-            CheckpointEvent::Failed(n) => println!("EVENT failed {n}"),
-        });
+        .checkpoint_listener(announce_checkpoint);
     let env = StreamEnvironment::new(config);
     let strategy =
         WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(1000), |e: &Event| e.ts)
@@ -135,52 +135,13 @@ fn window_crash_child_job() {
         .union(&sessions)
         .sink("out", FileSink::new(dir.join("out")));
     let r = env.execute_blocking().expect("job failed");
-    println!(
-        "EVENT done restored_from={:?} completed={} failed={}",
-        r.restored_from, r.completed_checkpoints, r.failed_checkpoints
-    );
+    announce_done(&r);
 }
 
 fn spawn_child(dir: &Path) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(std::env::current_exe().expect("test binary path"))
-        .args([
-            "window_crash_child_job",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("ONCEFLOW_WINDOW_CRASH_DIR", dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn child job");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some(ev) = line.strip_prefix("EVENT ") {
-                if tx.send(ev.to_string()).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    (child, rx)
-}
-
-/// Waits for an event starting with `prefix`; `None` if the child ended or time ran out.
-fn next_event(rx: &mpsc::Receiver<String>, prefix: &str, timeout: Duration) -> Option<String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(ev) if ev.starts_with(prefix) => return Some(ev),
-            Ok(ev) if ev.starts_with("done") => return None,
-            Ok(_) => {}
-            Err(_) => return None,
-        }
-    }
+    let mut cmd = child_command("window_crash_child_job");
+    cmd.env("ONCEFLOW_WINDOW_CRASH_DIR", dir);
+    spawn_with_events(cmd)
 }
 
 /// Runs the job to completion in `dir` and returns the final run's `done` line.
@@ -220,39 +181,13 @@ fn window_job_killed_mid_window_matches_an_uninterrupted_run() {
     assert!(golden.iter().any(|o| o.kind == "session" && o.count > 250));
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut rng = rand::rng();
     let kills = 12;
-    for k in 0..kills {
-        let (mut child, rx) = spawn_child(dir.path());
-        let alive = match k % 3 {
-            0 => {
-                std::thread::sleep(Duration::from_millis(rng.random_range(50..700)));
-                true
-            }
-            1 => {
-                let mut ok = true;
-                for _ in 0..=rng.random_range(0..3) {
-                    ok = ok && next_event(&rx, "triggered", Duration::from_secs(10)).is_some();
-                }
-                std::thread::sleep(Duration::from_micros(rng.random_range(0..3000)));
-                ok
-            }
-            _ => {
-                let mut ok = true;
-                for _ in 0..=rng.random_range(0..3) {
-                    ok = ok && next_event(&rx, "completed", Duration::from_secs(10)).is_some();
-                }
-                ok
-            }
-        };
-        if !alive || child.try_wait().expect("try_wait").is_some() {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the job finished before {kills} kills (only {k})");
-        }
-        child.kill().expect("SIGKILL child");
-        let _ = child.wait();
-    }
+    kill_repeatedly(kills, 50..700, |_| spawn_child(dir.path())).unwrap_or_else(|e| {
+        panic!(
+            "the job finished before {kills} kills (only {})",
+            e.kills_done
+        )
+    });
     let done = run_to_completion(dir.path());
     assert!(
         done.contains("restored_from=Some("),
