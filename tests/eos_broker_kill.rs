@@ -222,12 +222,20 @@ fn stall_run(test: &str, mode: &str) {
     let (broker, data) = setup(dir.path(), &args, n, seed);
     let bootstrap = broker.bootstrap().to_string();
     let mut rng = StdRng::seed_from_u64(seed);
+    // half the input before the stall, the rest arriving while the job freezes, so that it
+    // holds an open transaction with records in it when it stops
+    let half = data.records.len() / 2;
+    let part = |r: std::ops::Range<usize>| Dataset {
+        records: data.records[r].to_vec(),
+        ..data.clone()
+    };
+    let (first, second) = (part(0..half), part(half..data.records.len()));
     let producer = produce_paced(
         &bootstrap,
         &args.input,
-        &data,
-        40,
-        Duration::from_millis(250),
+        &first,
+        10,
+        Duration::from_millis(100),
     );
     let mut job = spawn_job(&bootstrap, &args, "1");
     let line = job.wait_line(Duration::from_secs(90), |l| {
@@ -238,27 +246,43 @@ fn stall_run(test: &str, mode: &str) {
         "the job did not commit checkpoint 2 within 90 s\n{}",
         job.describe()
     );
-    std::thread::sleep(Duration::from_millis(rng.random_range(0..1000)));
+    producer.join().expect("input producer");
+    let producer = produce_paced(
+        &bootstrap,
+        &args.input,
+        &second,
+        200,
+        Duration::from_millis(40),
+    );
+    std::thread::sleep(Duration::from_millis(rng.random_range(300..1500)));
     // 4 s timeout, the broker aborts within 100 ms of it: 7 s is well past
     job.freeze(Duration::from_secs(7));
-    let status = job.expect_failure(
-        Duration::from_secs(60),
-        "its transactions were aborted by the transaction timeout while it was frozen",
-    );
-    let said = format!("{}\n{}", job.lines().join("\n"), job.stderr_tail(100));
-    eprintln!("[eos] {test}: the frozen job failed after it resumed ({status})");
-    assert!(
-        !said.contains("DATA LOSS"),
-        "the stall lost committed-checkpoint output\n{}",
-        job.describe()
-    );
+    match job.wait_exit(Duration::from_secs(30)) {
+        Some(status) => {
+            let said = format!("{}\n{}", job.lines().join("\n"), job.stderr_tail(100));
+            eprintln!("[eos] {test}: the frozen job failed by itself after it resumed ({status})");
+            assert!(
+                !status.success(),
+                "the job exited with success after the stall\n{}",
+                job.describe()
+            );
+            assert!(
+                !said.contains("DATA LOSS"),
+                "the stall lost committed-checkpoint output\n{}",
+                job.describe()
+            );
+            job = spawn_job(&bootstrap, &args, "2");
+        }
+        // nothing it held had started a broker-side transaction when it froze: a valid
+        // outcome, the output check below still applies
+        None => eprintln!("[eos] {test}: the job kept running after the stall"),
+    }
     producer.join().expect("input producer");
-    let restarted = spawn_job(&bootstrap, &args, "2");
     let restarts = finish(
         &bootstrap,
         &args,
         &data,
-        Some(restarted),
+        Some(job),
         Duration::from_secs(150),
         2,
     );
