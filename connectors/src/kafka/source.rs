@@ -314,8 +314,10 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
                     return Err(KafkaError::client("consuming", e).into());
                 }
                 Some(Ok(msg)) => {
+                    // only partitions of `self.topic` are assigned; the message is copied out
+                    // of librdkafka's buffer once and then moved into the decoder
                     let km = KafkaMessage {
-                        topic: msg.topic().to_string(),
+                        topic: self.topic.clone(),
                         partition: msg.partition(),
                         offset: msg.offset(),
                         key: msg.key().map(<[u8]>::to_vec),
@@ -323,7 +325,7 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
                         timestamp_ms: msg.timestamp().to_millis(),
                     };
                     self.positions.insert(km.partition, km.offset + 1);
-                    out.push(self.decoder.decode(&km));
+                    out.push(self.decoder.decode_owned(km));
                     n += 1;
                 }
             }
