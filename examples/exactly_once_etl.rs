@@ -394,7 +394,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                             amount: i.amount,
                             total,
                         };
-                        let value = serde_json::to_vec(&out).map_err(Error::serialization)?;
+                        // sized for a typical record: no regrowing while writing
+                        let mut value = Vec::with_capacity(96 + i.key.len());
+                        serde_json::to_writer(&mut value, &out).map_err(Error::serialization)?;
                         ctx.emit(SinkRecord::new(Some(i.key.into_bytes()), value));
                     }
                     Parsed::Bad { key, raw } => {

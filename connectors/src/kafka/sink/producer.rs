@@ -67,17 +67,19 @@ pub fn create(
         // a callback per record; `in_flight_count` still counts records until their ack
         .set("delivery.report.only.error", "true")
         .set("linger.ms", "5")
-        .set("message.timeout.ms", "120000")
-        .set("statistics.interval.ms", "100");
+        .set("message.timeout.ms", "120000");
     if let Some(id) = txn_id {
         let t = cfg.transaction_timeout.as_millis().to_string();
+        // the statistics' `eos` object is how a transactional sink learns its producer id
+        // and epoch (init_and_learn, pre_commit); no other producer needs statistics
         c.set("transactional.id", id)
             .set("transaction.timeout.ms", &t)
-            .set("message.timeout.ms", &t);
+            .set("message.timeout.ms", &t)
+            .set("statistics.interval.ms", "100");
     } else if idempotent {
         c.set("enable.idempotence", "true");
     } else {
-        c.set("acks", "1").set("statistics.interval.ms", "0");
+        c.set("acks", "1");
     }
     for (k, v) in &cfg.producer_properties {
         c.set(k, v);
