@@ -132,7 +132,8 @@ pub fn send(p: &Prod, default_topic: &str, r: &SinkRecord) -> Result<()> {
         match p.send(rec) {
             Ok(()) => return Ok(()),
             Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
-                if Instant::now() < *deadline.get_or_insert_with(|| Instant::now() + QUEUE_FULL_LIMIT) =>
+                if Instant::now()
+                    < *deadline.get_or_insert_with(|| Instant::now() + QUEUE_FULL_LIMIT) =>
             {
                 serve_then_sleep(p);
             }
