@@ -95,6 +95,15 @@ struct Output {
     total: i64,
 }
 
+/// An output record as written (borrows the key instead of copying it).
+#[derive(Serialize)]
+struct OutputRef<'a> {
+    id: u64,
+    key: &'a str,
+    amount: i64,
+    total: i64,
+}
+
 /// A parsed input, or a dead letter.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum Parsed {
@@ -316,7 +325,6 @@ fn run(args: Args) -> anyhow::Result<()> {
     let stop = env.stop_handle();
 
     let processed = Arc::new(AtomicU64::new(0));
-    let last_input = Arc::new(AtomicU64::new(now_ms()));
 
     let mut source = KafkaSource::new(brokers.clone(), args.input.clone(), Decoder::raw())
         .group(args.group.clone());
@@ -345,16 +353,16 @@ fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let dlq = format!("{}.dlq", args.output);
-    let (proc2, last2) = (processed.clone(), last_input.clone());
+    let proc2 = processed.clone();
     env.source("kafka-in", source)
         .map(move |m: KafkaMessage| {
-            last2.store(now_ms(), Ordering::Relaxed);
+            // no clock read per record: the watcher below notices input by this count
             proc2.fetch_add(1, Ordering::Relaxed);
             match m.payload.as_deref().map(serde_json::from_slice::<Input>) {
                 Some(Ok(i)) => Parsed::Good(i),
                 _ => Parsed::Bad {
-                    key: m.key.clone(),
-                    raw: m.payload.clone().unwrap_or_default(),
+                    key: m.key,
+                    raw: m.payload.unwrap_or_default(),
                 },
             }
         })
@@ -373,13 +381,15 @@ fn run(args: Args) -> anyhow::Result<()> {
                             st.set(t);
                             t
                         };
-                        let out = Output {
+                        let out = OutputRef {
                             id: i.id,
-                            key: i.key.clone(),
+                            key: &i.key,
                             amount: i.amount,
                             total,
                         };
-                        let value = serde_json::to_vec(&out).map_err(Error::serialization)?;
+                        // sized for a typical record: no regrowing while writing
+                        let mut value = Vec::with_capacity(96 + i.key.len());
+                        serde_json::to_writer(&mut value, &out).map_err(Error::serialization)?;
                         ctx.emit(SinkRecord::new(Some(i.key.into_bytes()), value));
                     }
                     Parsed::Bad { key, raw } => {
@@ -400,15 +410,19 @@ fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let watcher_done = Arc::new(AtomicBool::new(false));
     {
-        let (processed, last_input, done) =
-            (processed.clone(), last_input.clone(), watcher_done.clone());
+        let (processed, done) = (processed.clone(), watcher_done.clone());
         let (max, idle) = (args.max_records, args.exit_when_idle_ms);
         let verbose = embedded.is_some();
         std::thread::spawn(move || {
             let mut last_print = Instant::now();
+            // input was last seen when the processed count last moved (checked every 50 ms)
+            let (mut last_n, mut last_input) = (processed.load(Ordering::Relaxed), started);
             while !done.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_millis(50));
                 let n = processed.load(Ordering::Relaxed);
+                if n != last_n {
+                    (last_n, last_input) = (n, Instant::now());
+                }
                 if max.is_some_and(|m| n >= m) {
                     tracing::info!(
                         processed = n,
@@ -418,7 +432,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                     return;
                 }
                 if let Some(idle) = idle {
-                    let quiet = now_ms().saturating_sub(last_input.load(Ordering::Relaxed));
+                    let quiet = last_input.elapsed().as_millis() as u64;
                     if quiet >= idle && started.elapsed() >= Duration::from_millis(idle) {
                         tracing::info!(
                             quiet_ms = quiet,

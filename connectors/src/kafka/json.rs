@@ -23,8 +23,10 @@ pub struct KafkaMessage {
     pub timestamp_ms: Option<i64>,
 }
 
-/// Turns a consumed record into a stream record.
-pub struct Decoder<T>(Arc<dyn Fn(&KafkaMessage) -> T + Send + Sync>);
+/// Turns a consumed record into a stream record. The source hands each message over by value
+/// ([`Decoder::decode_owned`]), so [`Decoder::raw`] moves the message instead of copying its
+/// key and value a second time.
+pub struct Decoder<T>(Arc<dyn Fn(KafkaMessage) -> T + Send + Sync>);
 
 impl<T> Clone for Decoder<T> {
     fn clone(&self) -> Self {
@@ -35,11 +37,22 @@ impl<T> Clone for Decoder<T> {
 impl<T> Decoder<T> {
     /// A decoder from a function.
     pub fn new(f: impl Fn(&KafkaMessage) -> T + Send + Sync + 'static) -> Self {
+        Decoder(Arc::new(move |m: KafkaMessage| f(&m)))
+    }
+
+    /// A decoder from a function that takes the message by value (no copy needed to keep
+    /// its key or value).
+    pub fn from_owned(f: impl Fn(KafkaMessage) -> T + Send + Sync + 'static) -> Self {
         Decoder(Arc::new(f))
     }
 
-    /// Decodes one message.
+    /// Decodes one message (a copy of it: prefer [`Self::decode_owned`]).
     pub fn decode(&self, m: &KafkaMessage) -> T {
+        (self.0)(m.clone())
+    }
+
+    /// Decodes one message, consuming it.
+    pub fn decode_owned(&self, m: KafkaMessage) -> T {
         (self.0)(m)
     }
 }
@@ -47,7 +60,7 @@ impl<T> Decoder<T> {
 impl Decoder<KafkaMessage> {
     /// The message itself (raw bytes, key, timestamp, position).
     pub fn raw() -> Self {
-        Decoder::new(KafkaMessage::clone)
+        Decoder::from_owned(|m| m)
     }
 }
 
@@ -84,5 +97,6 @@ mod tests {
         };
         assert!(d.decode(&bad).is_err());
         assert_eq!(Decoder::raw().decode(&m), m);
+        assert_eq!(Decoder::raw().decode_owned(m.clone()), m);
     }
 }

@@ -62,18 +62,24 @@ pub fn create(
 ) -> Result<(Arc<Prod>, Ctx)> {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &cfg.brokers)
+        // only failed deliveries are reported: the sinks look at nothing else, and a report
+        // per acknowledged record cost the writing subtask an event per produce response and
+        // a callback per record; `in_flight_count` still counts records until their ack
+        .set("delivery.report.only.error", "true")
         .set("linger.ms", "5")
-        .set("message.timeout.ms", "120000")
-        .set("statistics.interval.ms", "100");
+        .set("message.timeout.ms", "120000");
     if let Some(id) = txn_id {
         let t = cfg.transaction_timeout.as_millis().to_string();
+        // the statistics' `eos` object is how a transactional sink learns its producer id
+        // and epoch (init_and_learn, pre_commit); no other producer needs statistics
         c.set("transactional.id", id)
             .set("transaction.timeout.ms", &t)
-            .set("message.timeout.ms", &t);
+            .set("message.timeout.ms", &t)
+            .set("statistics.interval.ms", "100");
     } else if idempotent {
         c.set("enable.idempotence", "true");
     } else {
-        c.set("acks", "1").set("statistics.interval.ms", "0");
+        c.set("acks", "1");
     }
     for (k, v) in &cfg.producer_properties {
         c.set(k, v);
@@ -94,10 +100,27 @@ pub async fn blocking<R: Send + 'static>(
     })
 }
 
+/// How long [`send`] keeps retrying a full local queue.
+const QUEUE_FULL_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long [`drain`] and [`send`] sleep between two looks at the producer.
+const IDLE_STEP: Duration = Duration::from_millis(1);
+
+/// Serves pending events (delivery errors, statistics) without blocking, then sleeps
+/// [`IDLE_STEP`]. Not `p.poll(d)` with a short `d`: rust-rdkafka passes librdkafka the
+/// remaining time in whole milliseconds and loops until its deadline, so the last
+/// millisecond of every `poll(d)` (all of a `poll(1 ms)`) is a busy loop, which burned a
+/// core per draining sink subtask while it waited for acks.
+fn serve_then_sleep(p: &Prod) {
+    p.poll(Duration::ZERO);
+    std::thread::sleep(IDLE_STEP);
+}
+
 /// Sends one record, polling while the local queue is full.
 pub fn send(p: &Prod, default_topic: &str, r: &SinkRecord) -> Result<()> {
     let topic = r.topic.as_deref().unwrap_or(default_topic);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // the clock is read only once the queue is full (not once per record)
+    let mut deadline: Option<Instant> = None;
     loop {
         let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&r.value[..]);
         if let Some(k) = &r.key {
@@ -109,16 +132,18 @@ pub fn send(p: &Prod, default_topic: &str, r: &SinkRecord) -> Result<()> {
         match p.send(rec) {
             Ok(()) => return Ok(()),
             Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
-                if Instant::now() < deadline =>
+                if Instant::now()
+                    < *deadline.get_or_insert_with(|| Instant::now() + QUEUE_FULL_LIMIT) =>
             {
-                p.poll(Duration::from_millis(5));
+                serve_then_sleep(p);
             }
             Err((e, _)) => return Err(KafkaError::client(format!("producing to {topic}"), e)),
         }
     }
 }
 
-/// Serves delivery reports until nothing is in flight (or `timeout`).
+/// Serves delivery reports until nothing is in flight (or `timeout`). Blocking, without
+/// spinning: it sleeps in steps of 1 ms while records await their acks.
 pub fn drain(p: &Prod, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -132,7 +157,7 @@ pub fn drain(p: &Prod, timeout: Duration) -> Result<()> {
                 p.in_flight_count()
             )));
         }
-        p.poll(Duration::from_millis(1));
+        serve_then_sleep(p);
     }
 }
 
