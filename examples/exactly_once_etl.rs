@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use onceflow::connectors::kafka::{
@@ -112,13 +112,6 @@ enum Parsed {
 }
 
 const DLQ_KEY: &str = "\u{0}dead-letters";
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 fn fail_config(msg: impl std::fmt::Display) -> ! {
     eprintln!("error: {msg}");
