@@ -18,29 +18,24 @@ pub struct Bins {
 }
 
 static BINS: OnceLock<Result<Bins, String>> = OnceLock::new();
-static BROKER_BIN: OnceLock<Result<Bins, String>> = OnceLock::new();
 
 /// Builds the broker binary and the example once per test process (same profile and target
 /// dir as this test executable) and returns their paths.
 pub fn bins() -> &'static Bins {
-    match BINS.get_or_init(|| build(true)) {
+    match BINS.get_or_init(build) {
         Ok(bins) => bins,
         Err(e) => panic!("{e}"),
     }
 }
 
-/// The broker binary (built once per test process; the example is built by [`bins`] only).
+/// The broker binary. Built together with the example, always: a `cargo build` of the broker
+/// package alone resolves other features and recompiled the broker and its dependencies
+/// (about 2.5 minutes of CI for `eos_checker`).
 pub fn broker_bin() -> &'static Path {
-    if let Some(Ok(bins)) = BINS.get() {
-        return &bins.broker;
-    }
-    match BROKER_BIN.get_or_init(|| build(false)) {
-        Ok(bins) => &bins.broker,
-        Err(e) => panic!("{e}"),
-    }
+    &bins().broker
 }
 
-fn build(with_example: bool) -> Result<Bins, String> {
+fn build() -> Result<Bins, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     // target/<profile>/deps/<test>-<hash>
     let profile_dir = exe
@@ -58,9 +53,7 @@ fn build(with_example: bool) -> Result<Bins, String> {
         .to_string();
     let mut cmd = Command::new(env!("CARGO"));
     cmd.arg("build");
-    if with_example {
-        cmd.args(["--example", "exactly_once_etl", "-p", "onceflow"]);
-    }
+    cmd.args(["--example", "exactly_once_etl", "-p", "onceflow"]);
     cmd.args(["--bin", "onceflow-broker", "-p", "onceflow-broker"])
         .arg("--target-dir")
         .arg(target_dir)
@@ -104,14 +97,10 @@ fn build(with_example: bool) -> Result<Bins, String> {
         Ok(link)
     };
     let broker = pin(profile_dir.join("onceflow-broker"), "onceflow-broker")?;
-    let job = if with_example {
-        pin(
-            profile_dir.join("examples").join("exactly_once_etl"),
-            "exactly_once_etl",
-        )?
-    } else {
-        PathBuf::new()
-    };
+    let job = pin(
+        profile_dir.join("examples").join("exactly_once_etl"),
+        "exactly_once_etl",
+    )?;
     Ok(Bins { broker, job })
 }
 
