@@ -96,13 +96,7 @@ fn valid_transaction_timeout_starts() {
         job.try_status(),
         job.describe()
     );
-    job.term();
-    let status = job.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "SIGTERM of an idle job: {status:?}\n{}",
-        job.describe()
-    );
+    job.stop_gracefully(Duration::from_secs(60));
 }
 
 /// Issue 5, "Build" 7: the job's Prometheus endpoint (`--metrics-listen`) serves the Kafka
@@ -167,13 +161,7 @@ fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
         lag.len() >= 4 && lag.iter().all(|v| *v >= 0.0),
         "consumer lag series of the 4 input partitions: {lag:?}\n{body}"
     );
-    job.term();
-    let status = job.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "SIGTERM: {status:?}\n{}",
-        job.describe()
-    );
+    job.stop_gracefully(Duration::from_secs(60));
     drop(broker);
     finish_dir(dir);
 }
@@ -215,13 +203,7 @@ fn group_offsets_without_their_checkpoint_are_refused() {
         "no checkpoint 2 committed\n{}",
         job.describe()
     );
-    job.term();
-    let status = job.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "SIGTERM: {status:?}\n{}",
-        job.describe()
-    );
+    job.stop_gracefully(Duration::from_secs(60));
 
     std::fs::remove_dir_all(&args.checkpoint_dir).expect("delete the checkpoint directory");
     let mut again = spawn_job(&bootstrap, &args, "without-checkpoints");

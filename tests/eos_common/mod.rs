@@ -200,13 +200,7 @@ pub fn finish(
         job.try_status(),
         job.describe()
     );
-    job.term();
-    let status = job.wait_exit(Duration::from_secs(60));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "SIGTERM did not stop the job with exit 0 within 60 s (status {status:?})\n{}",
-        job.describe()
-    );
+    job.stop_gracefully(Duration::from_secs(60));
     assert!(
         job.lines().iter().any(|l| l.contains("job stopped")),
         "no `job stopped` line after SIGTERM\n{}",
@@ -231,4 +225,25 @@ pub fn setup(dir: &std::path::Path, args: &JobArgs, n: u64, seed: u64) -> (Broke
         &[&args.input, &args.output, &args.dlq()],
     );
     (broker, Dataset::generate(n, seed))
+}
+
+/// [`finish`], then the record-by-record check of the committed output, which must be exact;
+/// `what` names the faults of the scenario (printed, and in the failure message). Returns the
+/// restarts [`finish`] needed.
+#[allow(clippy::too_many_arguments)]
+pub fn finish_exact(
+    test: &str,
+    what: &str,
+    bootstrap: &str,
+    args: &JobArgs,
+    data: &Dataset,
+    job: Option<Proc>,
+    timeout: Duration,
+    max_restarts: usize,
+) -> usize {
+    let restarts = finish(bootstrap, args, data, job, timeout, max_restarts);
+    let report = check_output(bootstrap, args, data);
+    eprintln!("[eos] {test}: {what}; {restarts} restarts to finish\n{report}");
+    assert!(report.is_exact(), "output after {what}:\n{report}");
+    restarts
 }

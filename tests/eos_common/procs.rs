@@ -263,6 +263,19 @@ impl Proc {
         assert!(status.success(), "kill -TERM {} failed", self.pid());
     }
 
+    /// SIGTERM, then waits up to `timeout` for exit code 0 (a final checkpoint and commit).
+    pub fn stop_gracefully(&mut self, timeout: Duration) {
+        self.term();
+        let status = self.wait_exit(timeout);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "SIGTERM did not stop {} with exit 0 within {} s (status {status:?})\n{}",
+            self.name,
+            timeout.as_secs(),
+            self.describe()
+        );
+    }
+
     /// Freezes the process (SIGSTOP) for `d`, then lets it go on (SIGCONT): a stall such as a
     /// long GC pause or an overloaded host.
     pub fn freeze(&mut self, d: Duration) {

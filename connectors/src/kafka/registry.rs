@@ -130,19 +130,11 @@ fn ensure_registry_topic(brokers: &str) -> Result<()> {
         .set("bootstrap.servers", brokers)
         .create()
         .map_err(|e| KafkaError::client("creating an admin client", e))?;
-    // a thread of its own: callable from inside or outside a tokio runtime
-    let created = std::thread::spawn(move || {
-        let topic = NewTopic::new(REGISTRY_TOPIC, 1, TopicReplication::Fixed(1));
-        let opts = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| KafkaError::Protocol(format!("cannot create the admin runtime: {e}")))?;
-        rt.block_on(admin.create_topics([&topic], &opts))
-            .map_err(|e| KafkaError::client(format!("creating topic {REGISTRY_TOPIC}"), e))
-    })
-    .join()
-    .map_err(|_| KafkaError::Protocol("the topic creation thread panicked".into()))??;
+    let topic = NewTopic::new(REGISTRY_TOPIC, 1, TopicReplication::Fixed(1));
+    let opts = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
+    // rdkafka's admin futures need no runtime: callable from inside or outside tokio
+    let created = futures::executor::block_on(admin.create_topics([&topic], &opts))
+        .map_err(|e| KafkaError::client(format!("creating topic {REGISTRY_TOPIC}"), e))?;
     for r in created {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
