@@ -140,18 +140,18 @@ for ((i = 1; i <= runs; i++)); do
     fi
     d=$(( $(date +%s) - start ))
     secs[$t]=$(( ${secs[$t]:-0} + d ))
-    [ "$d" -gt "${maxs[$t]:-0}" ] && maxs[$t]=$d
+    if [ "$d" -gt "${maxs[$t]:-0}" ] || [ -z "${maxs[$t]:-}" ]; then maxs[$t]=$d; fi
     echo "flake-hunt: run $i/$runs $t: $status (${d}s)"
   done
 done
 
+total=0
+for t in "${targets[@]}"; do total=$((total + ${fails[$t]:-0})); done
 {
   echo "flake-hunt: $runs runs each, load=$([ "$load" = 1 ] && echo 'parallel cargo build' || echo none), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
   printf '%-42s %5s %8s %8s %8s\n' "test binary" runs failures "mean s" "max s"
-  total=0
   for t in "${targets[@]}"; do
     f=${fails[$t]:-0}
-    total=$((total + f))
     printf '%-42s %5d %8d %8d %8d\n' "$t" "$runs" "$f" $(( ${secs[$t]} / runs )) "${maxs[$t]}"
   done
   if [ -s "$out/failed-tests.txt" ]; then
