@@ -221,9 +221,16 @@ fn transactional_offsets_job_survives_network_drops() {
 /// Attempts at landing the stall outside a seal-to-commit window before giving up.
 const STALL_LANDINGS: usize = 50;
 
-/// Restarts allowed in the stall scenario: with a 4 s transaction timeout a heavily loaded
-/// machine can make the job refuse a seal by itself now and then, which is correct.
+/// Restarts allowed in the stall scenario: a heavily loaded machine can make the job refuse a
+/// seal by itself now and then (a checkpoint slower than the transaction timeout allows),
+/// which is correct.
 const STALL_RESTARTS: usize = 5;
+
+/// Transaction timeout of the stall scenario.
+const STALL_TXN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the job is frozen: well past [`STALL_TXN_TIMEOUT`].
+const STALL: Duration = Duration::from_secs(16);
 
 /// Stalls the job beyond the transaction timeout. The stall must not land between a
 /// checkpoint's seal and its sinks' commits: a checkpoint sealed before the stall whose
@@ -231,13 +238,15 @@ const STALL_RESTARTS: usize = 5;
 /// commit them afterwards), so a stall landing there says nothing about the job. The test
 /// therefore stops the job (SIGSTOP) and looks: if its newest durable checkpoint is the last
 /// one it reported committed, nothing is being sealed or committed, and the stall goes on for
-/// 7 s; otherwise it resumes at once and tries after the next commit.
+/// [`STALL`]; otherwise it resumes at once and tries after the next commit.
 fn stall_run(test: &str, mode: &str) {
     let _machine = exclusive();
     let seed = seed(test);
     let dir = scenario_dir(test);
     let mut args = JobArgs::new(mode, dir.path());
-    args.transaction_timeout_ms = Some(4_000);
+    // long enough that a loaded machine does not make the job refuse seals by itself, short
+    // enough for a stall well past it
+    args.transaction_timeout_ms = Some(STALL_TXN_TIMEOUT.as_millis() as u64);
     args.extra_args = vec!["--recovery-allowance-ms".into(), "1000".into()];
     let n = env_u64("ONCEFLOW_EOS_STALL_RECORDS", 20_000);
     let (broker, data) = setup(dir.path(), &args, n, seed);
@@ -330,8 +339,8 @@ fn stall_run(test: &str, mode: &str) {
         "[eos] {test}: stalling run {frozen} after checkpoint {frozen_at} committed (landing \
          attempt {landings})"
     );
-    // 4 s timeout, the broker aborts within 100 ms of it: 7 s is well past
-    std::thread::sleep(Duration::from_secs(7));
+    // the broker aborts within 100 ms of the timeout: this is well past it
+    std::thread::sleep(STALL);
     job.resume();
     // It fails at its next seal or commit, or (if it held no broker-side transaction) goes on
     // committing; anything else is the stuck job this scenario was written against.

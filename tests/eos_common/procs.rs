@@ -128,6 +128,24 @@ pub fn tail(s: &str, n: usize) -> String {
 struct Lines {
     lines: Mutex<Vec<String>>,
     changed: Condvar,
+    /// Set once stdout reached its end (the process and anything sharing the pipe exited).
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Lines {
+    /// Waits until the reader saw the end of stdout (bounded against a grandchild holding the
+    /// pipe open), so that the lines are all a dead process printed.
+    fn wait_closed(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut lines = self.lines.lock().unwrap();
+        while !self.closed.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+            lines = self
+                .changed
+                .wait_timeout(lines, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+    }
 }
 
 /// A child process that is SIGKILLed when dropped (no leaked processes on panics).
@@ -164,6 +182,11 @@ impl Proc {
                 reader_lines.lines.lock().unwrap().push(line);
                 reader_lines.changed.notify_all();
             }
+            let _guard = reader_lines.lines.lock().unwrap();
+            reader_lines
+                .closed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            reader_lines.changed.notify_all();
         });
         Proc {
             name: name.to_string(),
@@ -204,8 +227,7 @@ impl Proc {
                 drop(self.lines.changed.wait_timeout(lines, wait).unwrap());
             }
             if self.try_status().is_some() {
-                // Give the reader thread a moment to drain the pipe, then look once more.
-                std::thread::sleep(Duration::from_millis(100));
+                // try_status waited for the end of stdout: look once more at the last lines
                 let lines = self.lines.lines.lock().unwrap();
                 return lines[seen..].iter().find(|l| pred(l)).cloned();
             }
@@ -213,9 +235,13 @@ impl Proc {
     }
 
     /// The exit status if the process has exited.
+    /// Once it reports an exit, [`Self::lines`] holds every line the process printed.
     pub fn try_status(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
             self.status = self.child.try_wait().expect("try_wait");
+            if self.status.is_some() {
+                self.lines.wait_closed();
+            }
         }
         self.status
     }
@@ -261,6 +287,7 @@ impl Proc {
         }
         let _ = self.child.kill();
         self.status = Some(self.child.wait().expect("wait after kill"));
+        self.lines.wait_closed();
         true
     }
 
