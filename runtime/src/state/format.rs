@@ -14,7 +14,13 @@ use crate::{Error, Result};
 /// Magic bytes at the start of every file.
 pub const MAGIC: &[u8; 4] = b"OFLW";
 /// Current snapshot format version; readers reject newer versions.
-pub const FORMAT_VERSION: u16 = 1;
+///
+/// History: 1 placed keys in key groups by FNV over the std `Hash` stream; 2 by the stable
+/// hash of [`crate::keygroup`]. A version-1 checkpoint cannot be restored by this build: its
+/// keys would land in other key groups than their state.
+pub const FORMAT_VERSION: u16 = 2;
+/// Oldest format version this build restores.
+pub const MIN_FORMAT_VERSION: u16 = 2;
 /// Size of the frame header.
 pub const HEADER_LEN: usize = 20;
 
@@ -92,6 +98,12 @@ pub fn unframe<'a>(kind: FrameKind, bytes: &'a [u8], path: &Path) -> Result<&'a 
         return Err(corrupt(format!(
             "unsupported format version {version} (this build reads up to {FORMAT_VERSION})"
         )));
+    }
+    if version < MIN_FORMAT_VERSION {
+        return Err(Error::IncompatibleCheckpoint {
+            path: path.to_path_buf(),
+            version,
+        });
     }
     if bytes[6] != kind as u8 {
         return Err(corrupt(format!("unexpected frame kind {}", bytes[6])));
