@@ -40,6 +40,10 @@ pub enum KafkaError {
     /// A pre-committed transaction of a complete checkpoint can no longer be committed.
     #[error("DATA LOSS: {0}")]
     DataLoss(String),
+    /// A transaction that carries its checkpoint's input offsets failed and was aborted with
+    /// them: nothing of it became visible, a restart replays its input (no loss, no retry).
+    #[error("transaction aborted: {0}")]
+    Aborted(String),
     /// The producer was fenced by another instance using the same transactional id.
     #[error("fenced: {0}")]
     Fenced(String),
@@ -61,7 +65,7 @@ impl From<KafkaError> for onceflow_runtime::Error {
     fn from(e: KafkaError) -> Self {
         match e {
             // no retry can help this run: the job stops (and restarts from its checkpoint)
-            KafkaError::Fenced(_) | KafkaError::DataLoss(_) => {
+            KafkaError::Fenced(_) | KafkaError::DataLoss(_) | KafkaError::Aborted(_) => {
                 onceflow_runtime::Error::Fatal(e.to_string())
             }
             _ => onceflow_runtime::Error::Connector(e.to_string()),
