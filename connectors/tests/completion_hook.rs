@@ -2,14 +2,14 @@
 //! sink commit) only after the hook sealed it; a failing seal fails the job, no sink commits
 //! that checkpoint and its files stay on disk for the next run to judge.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use onceflow_connectors::{CollectSink, Generator};
 use onceflow_operators::Map;
 use onceflow_runtime::{
     async_trait, CheckpointEvent, CheckpointId, CompletionHook, Error, JobConfig, RestoreMode,
-    StreamEnvironment,
+    StopHandle, StreamEnvironment,
 };
 use parking_lot::Mutex;
 
@@ -32,16 +32,22 @@ impl CompletionHook for Hook {
     }
 }
 
+/// Runs the job. With `hold`, the source holds back the second half of its input and the job
+/// stops (final checkpoint) once checkpoint 3 completed: it cannot end before checkpoint 3
+/// however fast or loaded the machine is.
 fn job(
     dir: &std::path::Path,
     refuse: Option<CheckpointId>,
     restore: RestoreMode,
+    hold: bool,
 ) -> (
     onceflow_runtime::Result<onceflow_runtime::JobResult>,
     Vec<String>,
 ) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let (l2, l3) = (log.clone(), log.clone());
+    let stop: Arc<OnceLock<StopHandle>> = Arc::new(OnceLock::new());
+    let s2 = stop.clone();
     let config = JobConfig::new("hooked")
         .parallelism(2)
         .checkpoint_interval(Duration::from_millis(30))
@@ -52,18 +58,25 @@ fn job(
         .checkpoint_listener(move |ev| {
             if let CheckpointEvent::Completed(n) = ev {
                 l3.lock().push(format!("complete {n}"));
+                if hold && n >= 3 {
+                    if let Some(h) = s2.get() {
+                        h.stop();
+                    }
+                }
             }
         });
     let env = StreamEnvironment::new(config);
+    let _ = stop.set(env.stop_handle());
+    let mut numbers = Generator::new(3_000, |i| i)
+        .splits(2)
+        .rate_per_second(10_000.0);
+    if hold {
+        numbers = numbers.pause_at(1_500);
+    }
     let sink: CollectSink<u64> = CollectSink::new();
-    env.source(
-        "numbers",
-        Generator::new(3_000, |i| i)
-            .splits(2)
-            .rate_per_second(10_000.0),
-    )
-    .map(|i: u64| i * 2)
-    .sink("collect", sink);
+    env.source("numbers", numbers)
+        .map(|i: u64| i * 2)
+        .sink("collect", sink);
     let r = env.execute_blocking();
     let events = log.lock().clone();
     (r, events)
@@ -72,7 +85,7 @@ fn job(
 #[test]
 fn every_checkpoint_is_sealed_before_it_is_complete() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (r, events) = job(dir.path(), None, RestoreMode::None);
+    let (r, events) = job(dir.path(), None, RestoreMode::None, true);
     let r = r.expect("job");
     assert!(r.completed_checkpoints >= 3, "{events:?}");
     let mut sealed = 0;
@@ -92,7 +105,7 @@ fn every_checkpoint_is_sealed_before_it_is_complete() {
 #[test]
 fn a_failed_seal_fails_the_job_and_keeps_the_checkpoint_files() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (r, events) = job(dir.path(), Some(3), RestoreMode::None);
+    let (r, events) = job(dir.path(), Some(3), RestoreMode::None, true);
     match r {
         Err(Error::CheckpointFailed { checkpoint, reason }) => {
             assert_eq!(checkpoint, 3);
@@ -111,7 +124,7 @@ fn a_failed_seal_fails_the_job_and_keeps_the_checkpoint_files() {
         .join(onceflow_runtime::checkpoint::storage::METADATA_FILE);
     assert!(meta.exists(), "{} was removed", meta.display());
     // the next run decides from its own record: here it restores 2 and completes again
-    let (r, events) = job(dir.path(), None, RestoreMode::Checkpoint(2));
+    let (r, events) = job(dir.path(), None, RestoreMode::Checkpoint(2), false);
     let r = r.expect("restored job");
     assert_eq!(r.restored_from, Some(2), "{events:?}");
 }
