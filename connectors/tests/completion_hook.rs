@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use onceflow_connectors::{CollectSink, Generator};
+use onceflow_connectors::{read_committed_lines, CollectSink, FileSink, Generator};
 use onceflow_operators::Map;
 use onceflow_runtime::{
     async_trait, CheckpointEvent, CheckpointId, CompletionHook, Error, JobConfig, RestoreMode,
@@ -127,4 +127,70 @@ fn a_failed_seal_fails_the_job_and_keeps_the_checkpoint_files() {
     let (r, events) = job(dir.path(), None, RestoreMode::Checkpoint(2), false);
     let r = r.expect("restored job");
     assert_eq!(r.restored_from, Some(2), "{events:?}");
+}
+
+/// Records every checkpoint it seals (as Kafka would, durably) and then reports an error for
+/// each: a seal that committed although its caller saw a failure (a client timeout).
+struct SealsThenFails(Arc<Mutex<Vec<CheckpointId>>>);
+
+#[async_trait]
+impl CompletionHook for SealsThenFails {
+    async fn seal(&self, id: CheckpointId) -> onceflow_runtime::Result<()> {
+        self.0.lock().push(id);
+        // the caller's timeout: by now the sinks wait for the verdict on their pre-commits
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Err(Error::Connector(format!(
+            "timed out waiting for the seal of checkpoint {id} (it did commit)"
+        )))
+    }
+}
+
+#[test]
+fn a_seal_that_commits_and_then_fails_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    let sealed = Arc::new(Mutex::new(Vec::new()));
+    // no periodic checkpoint: the only one is the final checkpoint at the end of the input
+    let config = JobConfig::new("sealed-then-failed")
+        .parallelism(2)
+        .checkpoint_interval(Duration::from_secs(3600))
+        .checkpoint_dir(dir.path().join("checkpoints"))
+        .completion_hook(Arc::new(SealsThenFails(sealed.clone())));
+    let env = StreamEnvironment::new(config);
+    env.source("numbers", Generator::new(3_000, |i| i).splits(2))
+        .sink("files", FileSink::new(&out));
+    let err = env
+        .execute_blocking()
+        .expect_err("the seal reported a failure");
+    assert!(err.to_string().contains("sealing failed"), "{err}");
+    let sealed = sealed.lock().clone();
+    assert_eq!(sealed.len(), 1, "{sealed:?}");
+    assert!(
+        read_committed_lines(&out).unwrap_or_default().is_empty(),
+        "nothing is committed by a run whose seal failed"
+    );
+
+    // The next start believes the seal's own record (here: it committed), restores that
+    // checkpoint and commits its pre-committed output: it must still be there.
+    let config = JobConfig::new("sealed-then-failed")
+        .parallelism(2)
+        .checkpoint_interval(Duration::from_secs(3600))
+        .checkpoint_dir(dir.path().join("checkpoints"))
+        .restore(RestoreMode::Checkpoint(sealed[0]));
+    let env = StreamEnvironment::new(config);
+    env.source("numbers", Generator::new(3_000, |i| i).splits(2))
+        .sink("files", FileSink::new(&out));
+    let r = env.execute_blocking().expect("restored run");
+    assert_eq!(r.restored_from, Some(sealed[0]));
+    let mut got: Vec<u64> = read_committed_lines(&out)
+        .expect("output")
+        .iter()
+        .map(|l| l.parse().expect("number"))
+        .collect();
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        (0..3_000).collect::<Vec<_>>(),
+        "every record exactly once"
+    );
 }
