@@ -40,6 +40,9 @@ ALL=(
   onceflow-broker:txn_resume
   onceflow-broker:txn_recovery
   onceflow-connectors:window_idle
+  onceflow-connectors:operators_api
+  onceflow-runtime:runtime_alignment
+  onceflow-runtime:runtime_metrics
 )
 
 runs=20
