@@ -141,6 +141,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
     let storage_config = config.storage.clone();
     let data_dir = storage_config.data_dir.clone();
     let fsync = storage_config.fsync;
+    let repair = config.repair_corrupt_logs;
     let (store, producer_ids, groups) = tokio::task::spawn_blocking(move || -> Result<_> {
         if let Some(dir) = &data_dir {
             std::fs::create_dir_all(dir).map_err(|source| BrokerError::Io {
@@ -153,7 +154,10 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         let groups = crate::group::GroupCoordinator::open(
             data_dir.as_deref(),
             matches!(fsync, crate::storage::FsyncPolicy::EveryBatch),
-            crate::group::GroupConfig::default(),
+            crate::group::GroupConfig {
+                repair_corrupt_logs: repair,
+                ..crate::group::GroupConfig::default()
+            },
         )
         .map_err(|e| BrokerError::Io {
             context: "opening the group offsets store".into(),
@@ -175,6 +179,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
             data_dir: config.storage.data_dir.clone(),
             coordinator: config.transactions,
             marker_delay: Duration::from_millis(config.txn_marker_delay_ms),
+            repair_corrupt_logs: config.repair_corrupt_logs,
         };
         let store = store.clone();
         let pids: Arc<dyn crate::txn::ProducerIdSource> = producer_ids.clone();
