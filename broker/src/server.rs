@@ -26,7 +26,7 @@ use crate::handlers::{self, api_name, DispatchError};
 use crate::metrics;
 use crate::producer_ids::ProducerIdAllocator;
 use crate::state::BrokerState;
-use crate::storage::Store;
+use crate::storage::{StorageConfig, Store};
 
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -138,7 +138,10 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         None => (local_addr.ip().to_string(), local_addr.port()),
     };
 
-    let storage_config = config.storage.clone();
+    let storage_config = StorageConfig {
+        repair_corrupt_logs: config.storage.repair_corrupt_logs || config.repair_corrupt_logs,
+        ..config.storage.clone()
+    };
     let data_dir = storage_config.data_dir.clone();
     let fsync = storage_config.fsync;
     let repair = config.repair_corrupt_logs;

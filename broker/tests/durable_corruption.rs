@@ -1,21 +1,28 @@
 //! The broker binary tells a torn tail of its durable files from corruption in the middle: a
 //! flipped byte inside a record followed by valid records makes it refuse to start with an
 //! error naming the file and position; `--repair-corrupt-logs` drops the damaged record,
-//! keeps the valid ones after it and reports the drop; a torn tail is cut without the flag.
+//! keeps the valid ones after it (the group offsets and transaction logs) or truncates the
+//! partition there (segments) and reports the drop; a torn tail is cut without the flag. A
+//! segment batch damaged while the broker runs is never delivered to a librdkafka consumer.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::{anyhow, Context as _, Result};
 use common::{BrokerProcess, Storage};
 use onceflow_broker::group::coordinator::OFFSETS_DIR;
 use onceflow_broker::group::offsets_log::{LogRecord as OffsetsRecord, OffsetsLog};
 use onceflow_broker::group::{CommittedOffset, OffsetStore, TopicPartition};
+use onceflow_broker::storage::batch::{encode_batch, BatchSpec, RecordSpec};
+use onceflow_broker::storage::{FsyncPolicy, StorageConfig, Store};
 use onceflow_broker::txn::log::{LogRecord as TxnRecord, TxnLog, LOG_FILE};
 use onceflow_broker::txn::manager::TXN_DIR;
 use onceflow_broker::txn::{now_ms, TxnMetadata};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::{Message, Offset, TopicPartitionList};
 
 const STOP: Duration = Duration::from_secs(30);
 const RECORDS: usize = 10;
@@ -227,5 +234,170 @@ fn txn_log_torn_tail_is_cut_without_the_flag() -> Result<()> {
     assert!(log.contains("torn tail"), "{log}");
     let expected: Vec<String> = (0..RECORDS - 1).map(|i| format!("t{i}")).collect();
     assert_eq!(txn_ids(dir.path()), expected);
+    Ok(())
+}
+
+const SEGMENT: &str = "t-0/00000000000000000000.log";
+
+fn store(dir: &Path) -> Store {
+    Store::open(StorageConfig {
+        data_dir: Some(dir.to_path_buf()),
+        fsync: FsyncPolicy::EveryBatch,
+        ..StorageConfig::default()
+    })
+    .unwrap()
+}
+
+fn value(i: usize) -> Vec<u8> {
+    format!("value-{i:03}-").repeat(20).into_bytes()
+}
+
+/// Topic `t` with one partition holding `RECORDS` one-record batches; returns the segment
+/// path and each batch's byte position.
+fn write_segment(dir: &Path) -> (PathBuf, Vec<usize>) {
+    let store = store(dir);
+    store.create_topic("t", 1).unwrap();
+    let p = store.partition("t", 0).unwrap();
+    for i in 0..RECORDS {
+        let v = value(i);
+        let rec = RecordSpec {
+            timestamp: i as i64,
+            key: None,
+            value: Some(&v),
+            headers: vec![],
+        };
+        p.append(encode_batch(BatchSpec::default(), &[rec]).freeze())
+            .unwrap();
+    }
+    store.flush_all().unwrap();
+    drop(p);
+    drop(store);
+    let path = dir.join(SEGMENT);
+    let data = std::fs::read(&path).unwrap();
+    let mut starts = Vec::new();
+    let mut pos = 0;
+    while pos + 12 <= data.len() {
+        starts.push(pos);
+        pos += 12 + i32::from_be_bytes(data[pos + 8..pos + 12].try_into().unwrap()) as usize;
+    }
+    assert_eq!(starts.len(), RECORDS);
+    (path, starts)
+}
+
+fn high_watermark(dir: &Path) -> i64 {
+    store(dir).partition("t", 0).unwrap().high_watermark()
+}
+
+#[test]
+fn segment_flipped_byte_refuses_then_repairs() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (path, starts) = write_segment(dir.path());
+    // Inside batch 4's record (past the 61-byte batch header): only the CRC shows it.
+    flip(&path, starts[4] + 100);
+    let err = refused(dir.path());
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    assert!(
+        err.contains(&format!("invalid batch at byte {}", starts[4])),
+        "{err}"
+    );
+    assert!(err.contains("CRC-32C mismatch"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "a valid batch follows at byte {} (offset 5)",
+            starts[5]
+        )),
+        "{err}"
+    );
+    assert!(err.contains("--repair-corrupt-logs"), "{err}");
+
+    let log = started(dir.path(), true)?;
+    assert!(log.contains("repairing a corrupt log"), "{log}");
+    assert_eq!(
+        high_watermark(dir.path()),
+        4,
+        "the partition is cut at the damage"
+    );
+    started(dir.path(), false)?;
+    Ok(())
+}
+
+#[test]
+fn segment_torn_tail_is_cut_without_the_flag() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (path, _) = write_segment(dir.path());
+    let len = std::fs::metadata(&path)?.len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)?
+        .set_len(len - 5)?;
+    let log = started(dir.path(), false)?;
+    assert!(log.contains("torn log tail"), "{log}");
+    assert_eq!(high_watermark(dir.path()), RECORDS as i64 - 1);
+    Ok(())
+}
+
+/// Bit rot while the broker runs (so recovery never saw it): the fetch path checks the CRC and
+/// answers CORRUPT_MESSAGE, which librdkafka reports to the application.
+#[test]
+fn rdkafka_consumer_never_receives_a_batch_whose_crc_fails() -> Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir()?;
+    let (path, starts) = write_segment(dir.path());
+    let mut broker = BrokerProcess::spawn(storage(dir.path()), &[])?;
+    {
+        // In place: the broker holds the file open.
+        let at = (starts[4] + 100) as u64;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)?;
+        let mut byte = [0u8];
+        f.seek(SeekFrom::Start(at))?;
+        std::io::Read::read_exact(&mut f, &mut byte)?;
+        f.seek(SeekFrom::Start(at))?;
+        f.write_all(&[byte[0] ^ 0x5a])?;
+        f.sync_all()?;
+    }
+    let consumer: BaseConsumer = common::client_config(&broker.bootstrap())
+        .set("group.id", "durable-corruption")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .set("fetch.wait.max.ms", "100")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("t", 0, Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+    // A failure bound, never the verdict: the verdict is the error event.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut received = Vec::new();
+    let error = loop {
+        if std::time::Instant::now() > deadline {
+            return Err(anyhow!("no fetch error within 60 s; received {received:?}"));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            None => continue,
+            Some(Ok(msg)) => {
+                assert!(msg.offset() < 4, "offset {} was served", msg.offset());
+                assert_eq!(msg.payload(), Some(&value(msg.offset() as usize)[..]));
+                received.push(msg.offset());
+            }
+            Some(Err(e)) => break e,
+        }
+    };
+    // Error code 2 (CORRUPT_MESSAGE), which librdkafka names InvalidMessage.
+    assert_eq!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::InvalidMessage),
+        "{error}"
+    );
+    assert_eq!(
+        received,
+        vec![0, 1, 2, 3],
+        "the valid batches before it are served"
+    );
+    drop(consumer);
+    let status = broker.terminate(STOP)?;
+    assert!(status.success());
+    assert!(broker.all_logs().contains("fetch refused"));
     Ok(())
 }
