@@ -119,7 +119,11 @@ fn refused(dir: &Path) -> String {
             let _ = broker.kill9();
             panic!("the broker started on a corrupt file")
         }
-        Err(e) => format!("{e:#}"),
+        Err(e) => {
+            let message = format!("{e:#}");
+            eprintln!("refused as expected: {message}");
+            message
+        }
     }
 }
 
