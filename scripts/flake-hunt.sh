@@ -41,6 +41,7 @@ ALL=(
   onceflow-broker:storage_crash
   onceflow-broker:groups_crash
   onceflow-broker:txn_crash
+  onceflow-broker:durable_corruption
   onceflow-broker:txn_resume
   onceflow-broker:txn_recovery
   onceflow-connectors:window_idle
