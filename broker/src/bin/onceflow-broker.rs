@@ -47,7 +47,6 @@ struct Args {
     /// Serve Prometheus text metrics over HTTP on this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
-    // onceflow-txn (broker-txn helper): transaction flags.
     /// Largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above).
     #[arg(long, default_value_t = 900_000, value_parser = clap::value_parser!(i32).range(1..))]
     max_transaction_timeout_ms: i32,
