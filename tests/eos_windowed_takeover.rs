@@ -29,8 +29,13 @@ fn event(i: u64) -> (u64, i64, i64) {
     (i % USERS, ts, (i % 100) as i64 - 20)
 }
 
-/// (kind, user, start) -> (end, count, sum) of every window the input closes.
-fn expected() -> BTreeMap<(String, String, i64), (i64, u64, i64)> {
+/// A window: (kind, user, start).
+type WindowId = (String, String, i64);
+/// A window's result: (end, count, sum).
+type WindowResult = (i64, u64, i64);
+
+/// Every window the input closes, with its result.
+fn expected() -> BTreeMap<WindowId, WindowResult> {
     let mut out = BTreeMap::new();
     let mut sessions: HashMap<u64, (i64, i64, u64, i64)> = HashMap::new();
     for i in 0..EVENTS {
@@ -182,7 +187,7 @@ fn takeover(test: &str, mode: &str) {
     );
     second.stop_gracefully(Duration::from_secs(60));
 
-    let mut got: BTreeMap<(String, String, i64), Vec<(i64, u64, i64)>> = BTreeMap::new();
+    let mut got: BTreeMap<WindowId, Vec<WindowResult>> = BTreeMap::new();
     for r in read_committed(&bootstrap, output) {
         let v: serde_json::Value = serde_json::from_str(&r.value).expect("output is JSON");
         let user = v["user"].as_str().unwrap_or_default().to_string();
