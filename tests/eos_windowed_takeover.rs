@@ -109,6 +109,27 @@ fn produce(bootstrap: &str, topic: &str) -> std::thread::JoinHandle<()> {
     })
 }
 
+/// The output's windows (the flush user's left out), each with every result emitted for it.
+fn windows(records: &[Keyed]) -> BTreeMap<WindowId, Vec<WindowResult>> {
+    let mut got: BTreeMap<WindowId, Vec<WindowResult>> = BTreeMap::new();
+    for r in records {
+        let v: serde_json::Value = serde_json::from_str(&r.value).expect("output is JSON");
+        let user = v["user"].as_str().unwrap_or_default().to_string();
+        if user == "flush" {
+            continue;
+        }
+        let kind = v["kind"].as_str().unwrap_or_default().to_string();
+        got.entry((kind, user, v["start"].as_i64().unwrap_or(0)))
+            .or_default()
+            .push((
+                v["end"].as_i64().unwrap_or(0),
+                v["count"].as_u64().unwrap_or(0),
+                v["sum"].as_i64().unwrap_or(0),
+            ));
+    }
+    got
+}
+
 fn takeover(test: &str, mode: &str) {
     let _machine = exclusive();
     let dir = scenario_dir(test);
@@ -179,33 +200,21 @@ fn takeover(test: &str, mode: &str) {
         || read_committed(&bootstrap, output),
         |recs| real(recs) >= want.len(),
     );
-    assert!(
-        seen.is_some(),
-        "the output did not reach {} windows within 120 s\n{}",
-        want.len(),
-        second.describe()
-    );
+    if seen.is_none() {
+        let got = windows(&read_committed(&bootstrap, output));
+        let missing: Vec<_> = want.keys().filter(|k| !got.contains_key(*k)).collect();
+        panic!(
+            "the output did not reach {} windows within 120 s: {} missing, e.g. {:?}\n{}\n{}",
+            want.len(),
+            missing.len(),
+            &missing[..missing.len().min(10)],
+            first.describe(),
+            second.describe()
+        );
+    }
     second.stop_gracefully(Duration::from_secs(60));
 
-    let mut got: BTreeMap<WindowId, Vec<WindowResult>> = BTreeMap::new();
-    for r in read_committed(&bootstrap, output) {
-        let v: serde_json::Value = serde_json::from_str(&r.value).expect("output is JSON");
-        let user = v["user"].as_str().unwrap_or_default().to_string();
-        if user == "flush" {
-            continue;
-        }
-        got.entry((
-            v["kind"].as_str().unwrap_or_default().to_string(),
-            user,
-            v["start"].as_i64().unwrap_or(0),
-        ))
-        .or_default()
-        .push((
-            v["end"].as_i64().unwrap_or(0),
-            v["count"].as_u64().unwrap_or(0),
-            v["sum"].as_i64().unwrap_or(0),
-        ));
-    }
+    let got = windows(&read_committed(&bootstrap, output));
     let repeated: Vec<_> = got.iter().filter(|(_, v)| v.len() > 1).take(10).collect();
     assert!(
         repeated.is_empty(),

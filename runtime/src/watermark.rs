@@ -105,7 +105,9 @@ impl<T> WatermarkStrategy<T> {
     }
 
     /// Tracks a watermark per split (e.g. Kafka partition) named by `split(record)`; the
-    /// source's watermark is the minimum over its active splits.
+    /// source's watermark is the minimum over its active splits. Splits the source declares
+    /// ([`crate::Source::splits`], e.g. the Kafka source's partition numbers) count from the
+    /// start, so `split` must name them the same way (for Kafka: the partition).
     pub fn with_splits(mut self, split: impl Fn(&T) -> u32 + Send + Sync + 'static) -> Self {
         self.split = Some(Arc::new(split));
         self
@@ -265,10 +267,19 @@ impl<T: Send + 'static, F: SourceFactory<T>> SourceFactory<T> for WatermarkedSou
     type Source = WatermarkedSource<F::Source, T>;
 
     fn create(&self, info: &SubtaskInfo) -> Result<Self::Source> {
+        let inner = self.inner.create(info)?;
+        let mut tracker = self.strategy.tracker();
+        if self.strategy.split.is_some() {
+            // the source's splits hold the watermark back before their first record
+            let now = Instant::now();
+            for split in inner.splits() {
+                tracker.register_split(split, now);
+            }
+        }
         Ok(WatermarkedSource {
-            inner: self.inner.create(info)?,
+            inner,
             strategy: self.strategy.clone(),
-            tracker: self.strategy.tracker(),
+            tracker,
         })
     }
 }
