@@ -28,12 +28,12 @@ fn run(
     args.checkpoint_interval_ms = interval_ms;
     args.transaction_timeout_ms = Some(timeout_ms);
     let mut job = spawn_job(broker.bootstrap(), &args, "config");
-    job.wait_line(Duration::from_secs(60), |l| l.contains("job started"));
+    job.wait_line(START_TIMEOUT, |l| l.contains("job started"));
     (job, broker, dir)
 }
 
 fn assert_refused(job: &mut Proc, must_mention: &[&[&str]]) {
-    let status = job.wait_exit(Duration::from_secs(30));
+    let status = job.wait_exit(STOP_TIMEOUT);
     assert!(
         status.is_some(),
         "the job did not refuse the configuration (still running)\n{}",
@@ -96,7 +96,7 @@ fn valid_transaction_timeout_starts() {
         job.try_status(),
         job.describe()
     );
-    job.stop_gracefully(Duration::from_secs(60));
+    job.stop_gracefully(STOP_TIMEOUT);
 }
 
 /// Issue 5, "Build" 7: the job's Prometheus endpoint (`--metrics-listen`) serves the Kafka
@@ -123,7 +123,7 @@ fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
         Duration::from_millis(100),
     );
     let mut job = spawn_job(&bootstrap, &args, "metrics");
-    let line = job.wait_line(Duration::from_secs(90), |l| {
+    let line = job.wait_line(START_TIMEOUT, |l| {
         checkpoint_number(l, "committed").is_some_and(|n| n >= 4)
     });
     assert!(
@@ -132,45 +132,64 @@ fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
         job.describe()
     );
     producer.join().expect("input producer");
-    let body = http_get(port, "/metrics");
-    for name in [
-        "onceflow_kafka_txn_commit_seconds",
-        "onceflow_kafka_txn_open_age_seconds",
-        "onceflow_kafka_txn_timeout_seconds",
-        "onceflow_kafka_records_per_txn",
-        "onceflow_kafka_fencing_events_total",
-        "onceflow_kafka_consumer_lag",
-        "onceflow_checkpoint_duration_seconds",
-        "onceflow_checkpoint_seal_seconds",
-        "onceflow_alignment_seconds",
-        "onceflow_records_in_total",
-        "onceflow_records_out_total",
-    ] {
+    // Gauges such as the consumer lag are set by the job's own loops (the lag at most once a
+    // second, once the partition ends are known): poll until every series is there, bounded
+    // only against a job that never reports them.
+    let polling = std::time::Instant::now();
+    loop {
+        let body = http_get(port, "/metrics");
+        let missing: Vec<&str> = METRICS
+            .iter()
+            .copied()
+            .filter(|name| !body.lines().any(|l| l.starts_with(name)))
+            .collect();
+        // one lag series per input partition, none negative
+        let lag: Vec<f64> = body
+            .lines()
+            .filter(|l| l.starts_with("onceflow_kafka_consumer_lag{") && l.contains("eos-input"))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse().ok()))
+            .collect();
         assert!(
-            body.lines().any(|l| l.starts_with(name)),
-            "{name} is missing from the metrics endpoint:\n{body}"
+            lag.iter().all(|v| *v >= 0.0),
+            "negative consumer lag: {lag:?}\n{body}"
         );
+        if missing.is_empty() && lag.len() >= 4 {
+            break;
+        }
+        assert!(
+            polling.elapsed() < START_TIMEOUT && job.try_status().is_none(),
+            "after {:?} the metrics endpoint still lacks {missing:?}; consumer lag series of \
+             the 4 input partitions: {lag:?} (job status {:?})\n{body}",
+            polling.elapsed(),
+            job.try_status()
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
-    // one lag series per input partition, none negative
-    let lag: Vec<f64> = body
-        .lines()
-        .filter(|l| l.starts_with("onceflow_kafka_consumer_lag{") && l.contains("eos-input"))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse().ok()))
-        .collect();
-    assert!(
-        lag.len() >= 4 && lag.iter().all(|v| *v >= 0.0),
-        "consumer lag series of the 4 input partitions: {lag:?}\n{body}"
-    );
-    job.stop_gracefully(Duration::from_secs(60));
+    job.stop_gracefully(STOP_TIMEOUT);
     drop(broker);
     finish_dir(dir);
 }
+
+/// Series the metrics endpoint must serve.
+const METRICS: &[&str] = &[
+    "onceflow_kafka_txn_commit_seconds",
+    "onceflow_kafka_txn_open_age_seconds",
+    "onceflow_kafka_txn_timeout_seconds",
+    "onceflow_kafka_records_per_txn",
+    "onceflow_kafka_fencing_events_total",
+    "onceflow_kafka_consumer_lag",
+    "onceflow_checkpoint_duration_seconds",
+    "onceflow_checkpoint_seal_seconds",
+    "onceflow_alignment_seconds",
+    "onceflow_records_in_total",
+    "onceflow_records_out_total",
+];
 
 /// A plain HTTP/1.0 GET on 127.0.0.1:`port`; the body.
 fn http_get(port: u16, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to metrics");
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
     write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("request");
     let mut out = String::new();
     s.read_to_string(&mut out).expect("response");
@@ -195,7 +214,7 @@ fn group_offsets_without_their_checkpoint_are_refused() {
         .join()
         .expect("input producer");
     let mut job = spawn_job(&bootstrap, &args, "first");
-    let line = job.wait_line(Duration::from_secs(90), |l| {
+    let line = job.wait_line(START_TIMEOUT, |l| {
         checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
     });
     assert!(
@@ -203,7 +222,7 @@ fn group_offsets_without_their_checkpoint_are_refused() {
         "no checkpoint 2 committed\n{}",
         job.describe()
     );
-    job.stop_gracefully(Duration::from_secs(60));
+    job.stop_gracefully(STOP_TIMEOUT);
 
     std::fs::remove_dir_all(&args.checkpoint_dir).expect("delete the checkpoint directory");
     let mut again = spawn_job(&bootstrap, &args, "without-checkpoints");

@@ -25,16 +25,16 @@ fn fencing_run(test: &str, mode: &str) {
     );
 
     let mut first = spawn_job(&bootstrap, &args, "first");
-    let line = first.wait_line(Duration::from_secs(90), |l| {
+    let line = first.wait_line(START_TIMEOUT, |l| {
         checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
     });
     assert!(
         line.is_some(),
-        "the first instance did not commit checkpoint 2 within 90 s\n{}",
+        "the first instance did not commit checkpoint 2 within {START_TIMEOUT:?}\n{}",
         first.describe()
     );
     let mut second = spawn_job(&bootstrap, &args, "second");
-    let started = second.wait_line(Duration::from_secs(90), |l| l.contains("job started"));
+    let started = second.wait_line(START_TIMEOUT, |l| l.contains("job started"));
     assert!(
         started.is_some(),
         "the second instance did not start (status {:?})\n{}",
@@ -43,7 +43,7 @@ fn fencing_run(test: &str, mode: &str) {
     );
     // The zombie must notice that it is fenced and stop by itself.
     let status = first.expect_failure(
-        Duration::from_secs(60),
+        STOP_TIMEOUT,
         "the second instance fenced it, so it must notice and stop by itself",
     );
     let said = format!("{}\n{}", first.lines().join("\n"), first.stderr_tail(200));
@@ -67,7 +67,7 @@ fn fencing_run(test: &str, mode: &str) {
         &args,
         &data,
         Some(second),
-        Duration::from_secs(120),
+        FINISH_TIMEOUT,
         0,
     );
     drop(broker);
@@ -107,12 +107,12 @@ fn another_job_with_the_same_prefix_is_refused() {
         Duration::from_millis(50),
     );
     let mut first = spawn_job(&bootstrap, &args, "first");
-    let line = first.wait_line(Duration::from_secs(90), |l| {
+    let line = first.wait_line(START_TIMEOUT, |l| {
         checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
     });
     assert!(
         line.is_some(),
-        "the first job did not commit checkpoint 2 within 90 s\n{}",
+        "the first job did not commit checkpoint 2 within {START_TIMEOUT:?}\n{}",
         first.describe()
     );
 
@@ -122,7 +122,7 @@ fn another_job_with_the_same_prefix_is_refused() {
     other.group = "eos-other-group".into();
     other.log_dir = dir.path().to_path_buf();
     let mut second = spawn_job(&bootstrap, &other, "other-job");
-    let status = second.wait_exit(Duration::from_secs(60));
+    let status = second.wait_exit(STOP_TIMEOUT);
     assert_eq!(
         status.and_then(|s| s.code()),
         Some(2),
@@ -143,7 +143,7 @@ fn another_job_with_the_same_prefix_is_refused() {
 
     // the first job was not fenced: it commits further checkpoints and stops cleanly
     let before = last_committed(&first.lines()).unwrap_or(0);
-    let later = first.wait_line(Duration::from_secs(60), |l| {
+    let later = first.wait_line(START_TIMEOUT, |l| {
         checkpoint_number(l, "committed").is_some_and(|n| n >= before + 2)
     });
     assert!(
@@ -159,7 +159,7 @@ fn another_job_with_the_same_prefix_is_refused() {
         &args,
         &data,
         Some(first),
-        Duration::from_secs(120),
+        FINISH_TIMEOUT,
         0,
     );
     drop(broker);

@@ -172,7 +172,8 @@ fn kill_9_while_producing(
 
     let mut rng = rand::rng();
     let mut kills = 0;
-    let test_deadline = Instant::now() + Duration::from_secs(150);
+    // only a stuck producer or broker reaches this bound, not a loaded machine
+    let test_deadline = Instant::now() + Duration::from_secs(600);
     while kills < KILLS && !done.load(Ordering::SeqCst) {
         // Spread the kills over the run: kill k comes once roughly k/(KILLS+1) of the records
         // are acknowledged, at a random point around there.
@@ -186,7 +187,8 @@ fn kill_9_while_producing(
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        std::thread::sleep(Duration::from_millis(rng.random_range(0..100)));
+        // Kill right at the random target (a count of acknowledgements, not a time): the first
+        // target is a quarter of the records at most, so at least one kill is certain.
         if done.load(Ordering::SeqCst) {
             break;
         }

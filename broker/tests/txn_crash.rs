@@ -10,7 +10,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
-use txn_support::process::BrokerChild;
+use txn_support::process::{wait_for_log, BrokerChild};
 use txn_support::*;
 
 fn group_consumer(bs: &str, group: &str) -> BaseConsumer {
@@ -27,8 +27,9 @@ fn group_consumer(bs: &str, group: &str) -> BaseConsumer {
 fn kill9_after_prepare_commit_and_with_an_open_transaction() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    // Failpoint: markers are written 3 s after PrepareCommit is durable.
-    let broker = BrokerChild::spawn(&data, &["--txn-marker-delay-ms", "3000"]);
+    // Failpoint: every commit's markers wait 8 s after its PrepareCommit is durable (and the
+    // broker logs that moment), so the kill below lands between the two.
+    let broker = BrokerChild::spawn(&data, &["--txn-marker-delay-ms", "8000"]);
     let bs = broker.bootstrap.clone();
 
     // A committed transaction carrying group offsets (survives the crash).
@@ -65,8 +66,14 @@ fn kill9_after_prepare_commit_and_with_an_open_transaction() {
         let r = prepared.commit_transaction(Duration::from_secs(8));
         (r.is_ok(), prepared)
     });
-    // PrepareCommit is durable within milliseconds; the markers wait 3 s. Kill now.
-    std::thread::sleep(Duration::from_millis(1200));
+    // The second commit's PrepareCommit is durable once the broker logs the failpoint for the
+    // second time (the first was the offsets transaction's): kill it there.
+    wait_for_log(
+        &data,
+        "test failpoint: delaying markers",
+        2,
+        Duration::from_secs(120),
+    );
     broker.kill9();
 
     let restarted = BrokerChild::spawn(&data, &[]);

@@ -13,6 +13,7 @@ pub struct Generator<T> {
     count: Option<u64>,
     splits: u32,
     rate: Option<f64>,
+    pause_at: Option<u64>,
 }
 
 impl<T> Clone for Generator<T> {
@@ -22,6 +23,7 @@ impl<T> Clone for Generator<T> {
             count: self.count,
             splits: self.splits,
             rate: self.rate,
+            pause_at: self.pause_at,
         }
     }
 }
@@ -34,6 +36,7 @@ impl<T: Send + 'static> Generator<T> {
             count: Some(count),
             splits: 16,
             rate: None,
+            pause_at: None,
         }
     }
 
@@ -44,6 +47,7 @@ impl<T: Send + 'static> Generator<T> {
             count: None,
             splits: 16,
             rate: None,
+            pause_at: None,
         }
     }
 
@@ -58,6 +62,14 @@ impl<T: Send + 'static> Generator<T> {
         self.rate = Some(per_second);
         self
     }
+
+    /// Holds back the records from index `index` on: each split stops there and stays idle
+    /// (still taking checkpoints) instead of ending. Crash tests use it so that a job they
+    /// kill repeatedly cannot finish before the last kill, however fast the machine is.
+    pub fn pause_at(mut self, index: u64) -> Self {
+        self.pause_at = Some(index);
+        self
+    }
 }
 
 impl<T: Send + 'static> SourceFactory<T> for Generator<T> {
@@ -70,6 +82,7 @@ impl<T: Send + 'static> SourceFactory<T> for Generator<T> {
             self.splits,
             self.rate,
             info,
-        ))
+        )
+        .pause_at(self.pause_at))
     }
 }

@@ -31,6 +31,7 @@ pub struct IndexedSource<T> {
     rate_per_subtask: Option<f64>,
     started: Instant,
     emitted_since_start: u64,
+    pause_at: Option<u64>,
 }
 
 impl<T> IndexedSource<T> {
@@ -59,7 +60,16 @@ impl<T> IndexedSource<T> {
             rate_per_subtask: rate.map(|r| r * share),
             started: Instant::now(),
             emitted_since_start: 0,
+            pause_at: None,
         }
+    }
+
+    /// Holds back every record at an index `>= index`: once a split reaches it, the split
+    /// stays idle (it takes part in checkpoints but never ends). Lets a test stop a bounded
+    /// job short of its end whatever the machine's speed.
+    pub fn pause_at(mut self, index: Option<u64>) -> Self {
+        self.pause_at = index;
+        self
     }
 
     fn index_of(&self, pos: &SplitPosition) -> u64 {
@@ -68,6 +78,10 @@ impl<T> IndexedSource<T> {
 
     fn split_done(&self, pos: &SplitPosition) -> bool {
         self.len.is_some_and(|len| self.index_of(pos) >= len)
+    }
+
+    fn split_paused(&self, pos: &SplitPosition) -> bool {
+        self.pause_at.is_some_and(|at| self.index_of(pos) >= at)
     }
 }
 
@@ -103,7 +117,7 @@ impl<T: Send + 'static> Source<T> for IndexedSource<T> {
         while produced < budget && n > 0 && idle_rounds < n {
             let c = self.cursor % n;
             self.cursor = (self.cursor + 1) % n;
-            if self.split_done(&self.owned[c]) {
+            if self.split_done(&self.owned[c]) || self.split_paused(&self.owned[c]) {
                 idle_rounds += 1;
                 continue;
             }
@@ -116,6 +130,8 @@ impl<T: Send + 'static> Source<T> for IndexedSource<T> {
         self.emitted_since_start += produced as u64;
         if self.owned.iter().all(|p| self.split_done(p)) {
             Ok(SourcePoll::Exhausted)
+        } else if produced == 0 {
+            Ok(SourcePoll::Idle(Duration::from_millis(2)))
         } else {
             Ok(SourcePoll::Ready)
         }
@@ -123,5 +139,51 @@ impl<T: Send + 'static> Source<T> for IndexedSource<T> {
 
     fn snapshot_position(&mut self, _checkpoint: CheckpointId) -> Result<Self::Position> {
         Ok(self.owned.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> SubtaskInfo {
+        SubtaskInfo {
+            job_name: "t".into(),
+            operator: "gen".into(),
+            node_uid: "n00-gen".into(),
+            index: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            restored_checkpoint: 0,
+        }
+    }
+
+    async fn drain(src: &mut IndexedSource<u64>) -> (Vec<u64>, SourcePoll) {
+        let mut out = Vec::new();
+        loop {
+            match src.poll(&mut out, 7).await.expect("poll") {
+                SourcePoll::Ready => continue,
+                other => return (out, other),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn pause_at_holds_back_the_rest_without_ending() {
+        let produce: IndexFn<u64> = Arc::new(|i| i);
+        let mut paused =
+            IndexedSource::new(produce.clone(), Some(100), 3, None, &info()).pause_at(Some(40));
+        let (mut got, last) = drain(&mut paused).await;
+        assert!(matches!(last, SourcePoll::Idle(_)), "{last:?}");
+        got.sort();
+        assert_eq!(got, (0..40).collect::<Vec<_>>());
+        // the held-back records come out after a restore without the pause
+        let positions = paused.snapshot_position(1).expect("position");
+        let mut rest = IndexedSource::new(produce, Some(100), 3, None, &info());
+        rest.restore(vec![positions]).expect("restore");
+        let (mut got, last) = drain(&mut rest).await;
+        assert!(matches!(last, SourcePoll::Exhausted), "{last:?}");
+        got.sort();
+        assert_eq!(got, (40..100).collect::<Vec<_>>());
     }
 }

@@ -3,23 +3,30 @@
 //! is SIGKILLed at random moments -- some right after a checkpoint was triggered, some right
 //! after one completed (before or during the sinks' commit) -- and restarted with
 //! restore = latest. The committed output is then checked record by record. The same run with
-//! the at-least-once file sink must fail the check with duplicates.
+//! the at-least-once file sink must fail the check with duplicates: there each kill lands
+//! after a sink subtask reported records flushed (visible) beyond the last completed
+//! checkpoint, and that subtask holds the next checkpoint open until the kill, so the restart
+//! replays records that are already in the output whatever the machine's speed.
 
 mod crash_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crash_support::{
     announce_checkpoint, announce_done, child_command, kill_repeatedly, next_event,
-    spawn_with_events,
+    spawn_with_events, EVENT_TIMEOUT,
 };
 use onceflow_connectors::{read_committed_lines, FileSink, FileSinkMode, Generator};
 use onceflow_operators::KeyBy;
-use onceflow_runtime::{JobConfig, RestoreMode, StreamEnvironment};
+use onceflow_runtime::{
+    async_trait, CheckpointEvent, CheckpointId, JobConfig, RestoreMode, Result as JobResult, Sink,
+    SinkFactory, StreamEnvironment, SubtaskInfo,
+};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +35,8 @@ const KEYS: u64 = 37;
 /// Records/s while the test kills the job (the final run goes at full speed).
 const RATE: f64 = 10_000.0;
 const SPLITS: u32 = 8;
+/// Longest a final run at full speed may take on a loaded machine.
+const FINAL_RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 struct Event {
@@ -47,6 +56,63 @@ fn event(i: u64) -> Event {
         key: i % KEYS,
         amount: amount(i),
         total: amount(i),
+    }
+}
+
+/// Set by the child's checkpoint listener once a checkpoint of this run completed.
+static A_CHECKPOINT_COMPLETED: AtomicBool = AtomicBool::new(false);
+
+/// Wraps the file sink of the at-least-once child: once a checkpoint of this run completed,
+/// the first pre-commit that flushes records reports `EVENT flushed-beyond N` and never
+/// returns, so checkpoint N cannot complete and the flushed records (visible in an
+/// at-least-once file) are past the checkpoint the restart restores. The parent kills on
+/// that event: the replay must duplicate them.
+struct HoldAfterFlush<F>(F);
+
+struct HoldAfterFlushSink<S> {
+    inner: S,
+    written_since_barrier: usize,
+}
+
+impl<T: Send + 'static, F: SinkFactory<T>> SinkFactory<T> for HoldAfterFlush<F> {
+    type Sink = HoldAfterFlushSink<F::Sink>;
+    fn create(&self, info: &SubtaskInfo) -> JobResult<Self::Sink> {
+        Ok(HoldAfterFlushSink {
+            inner: self.0.create(info)?,
+            written_since_barrier: 0,
+        })
+    }
+}
+
+#[async_trait]
+impl<T: Send + 'static, S: Sink<T>> Sink<T> for HoldAfterFlushSink<S> {
+    type Pending = S::Pending;
+
+    async fn recover(&mut self, pending: Vec<S::Pending>) -> JobResult<()> {
+        self.inner.recover(pending).await
+    }
+
+    async fn write_batch(&mut self, records: Vec<T>) -> JobResult<()> {
+        self.written_since_barrier += records.len();
+        self.inner.write_batch(records).await
+    }
+
+    async fn pre_commit(&mut self, checkpoint: CheckpointId) -> JobResult<Option<S::Pending>> {
+        let pending = self.inner.pre_commit(checkpoint).await?;
+        let flushed = std::mem::take(&mut self.written_since_barrier);
+        if flushed > 0 && A_CHECKPOINT_COMPLETED.load(Ordering::SeqCst) {
+            println!("EVENT flushed-beyond {checkpoint} records={flushed}");
+            std::future::pending::<()>().await;
+        }
+        Ok(pending)
+    }
+
+    async fn commit(&mut self, checkpoint: CheckpointId, pending: S::Pending) -> JobResult<()> {
+        self.inner.commit(checkpoint, pending).await
+    }
+
+    async fn abort(&mut self, pending: S::Pending) -> JobResult<()> {
+        self.inner.abort(pending).await
     }
 }
 
@@ -72,7 +138,13 @@ fn crash_child_job() {
         .checkpoint_dir(dir.join("checkpoints"))
         .retained_checkpoints(2)
         .restore(RestoreMode::Latest)
-        .checkpoint_listener(announce_checkpoint);
+        .checkpoint_listener(|ev| {
+            if let CheckpointEvent::Completed(_) = ev {
+                A_CHECKPOINT_COMPLETED.store(true, Ordering::SeqCst);
+            }
+            announce_checkpoint(ev)
+        });
+    let hold_after_flush = std::env::var_os("ONCEFLOW_CRASH_HOLD_AFTER_FLUSH").is_some();
     let sigterm = std::env::var("ONCEFLOW_CRASH_MODE").as_deref() == Ok("sigterm");
     let generator = if sigterm {
         Generator::unbounded(event)
@@ -81,17 +153,27 @@ fn crash_child_job() {
     };
     let env = StreamEnvironment::new(config.stop_on_sigterm(sigterm));
     let generator = generator.splits(SPLITS);
+    let generator = match std::env::var("ONCEFLOW_CRASH_PAUSE_AT") {
+        Ok(at) => generator.pause_at(at.parse().expect("ONCEFLOW_CRASH_PAUSE_AT")),
+        Err(_) => generator,
+    };
     let generator = match std::env::var("ONCEFLOW_CRASH_FULL_SPEED") {
         Ok(_) => generator,
         Err(_) => generator.rate_per_second(RATE),
     };
-    env.source("events", generator)
+    let sums = env
+        .source("events", generator)
         .key_by(|e: &Event| e.key)
         .reduce(|acc: &Event, e: Event| Event {
             total: acc.total + e.amount,
             ..e
-        })
-        .sink("out", FileSink::new(dir.join("out")).mode(mode));
+        });
+    let sink = FileSink::new(dir.join("out")).mode(mode);
+    if hold_after_flush {
+        sums.sink("out", HoldAfterFlush(sink));
+    } else {
+        sums.sink("out", sink);
+    }
     let r = env.execute_blocking().expect("job failed");
     announce_done(&r);
 }
@@ -111,6 +193,9 @@ fn spawn_child_with(
     cmd.env("ONCEFLOW_CRASH_PARALLELISM", parallelism.to_string());
     if full_speed {
         cmd.env("ONCEFLOW_CRASH_FULL_SPEED", "1");
+    } else {
+        // a run that is going to be killed must not end first, however fast the machine
+        cmd.env("ONCEFLOW_CRASH_PAUSE_AT", (RECORDS * 3 / 4).to_string());
     }
     cmd.env("ONCEFLOW_CRASH_DIR", dir)
         .env("ONCEFLOW_CRASH_MODE", mode);
@@ -144,9 +229,8 @@ fn run_with_kills(dir: &Path, mode: &str, kills: usize) -> usize {
         started.elapsed()
     );
     let (mut child, rx) = spawn_child_with(dir, mode, true, 2);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let done_line =
-        next_event(&rx, "done", Duration::from_secs(60)).expect("final run did not finish");
+    let deadline = Instant::now() + FINAL_RUN_TIMEOUT;
+    let done_line = next_event(&rx, "done", FINAL_RUN_TIMEOUT).expect("final run did not finish");
     assert!(
         done_line.contains("restored_from=Some("),
         "the final run must restore from a checkpoint: {done_line}"
@@ -287,9 +371,28 @@ fn crash_exactly_once_file_sink_survives_20_kills() {
 #[test]
 fn crash_at_least_once_sink_shows_duplicates() {
     let dir = tempfile::tempdir().expect("tempdir");
-    run_with_kills(dir.path(), "at-least-once", 6);
-    let err = check_output(dir.path(), true)
-        .expect_err("an at-least-once sink must duplicate after kills");
+    let kills = 3;
+    for k in 0..kills {
+        let mut cmd = child_command("crash_child_job");
+        cmd.env("ONCEFLOW_CRASH_DIR", dir.path())
+            .env("ONCEFLOW_CRASH_MODE", "at-least-once")
+            .env("ONCEFLOW_CRASH_HOLD_AFTER_FLUSH", "1");
+        let (mut child, rx) = spawn_with_events(cmd);
+        let flushed = next_event(&rx, "flushed-beyond", EVENT_TIMEOUT);
+        child.kill().expect("SIGKILL child");
+        let _ = child.wait();
+        let flushed = flushed.unwrap_or_else(|| {
+            panic!("run {k}: the job never flushed records beyond a completed checkpoint")
+        });
+        eprintln!("kill {k} after `{flushed}`");
+    }
+    let (mut child, rx) = spawn_child_with(dir.path(), "at-least-once", true, 2);
+    let done = next_event(&rx, "done", FINAL_RUN_TIMEOUT).expect("final run did not finish");
+    assert!(child.wait().expect("wait").success(), "final run failed");
+    assert!(done.contains("restored_from=Some("), "{done}");
+    let err = check_output(dir.path(), true).expect_err(
+        "an at-least-once sink must duplicate the records it flushed past the restored checkpoint",
+    );
     assert!(err.contains("duplicated"), "{err}");
 }
 
@@ -298,17 +401,14 @@ fn sigterm_stops_with_a_final_checkpoint_and_commit() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut child, rx) = spawn_child(dir.path(), "sigterm");
     for _ in 0..3 {
-        assert!(
-            wait_event(&rx, "completed", Duration::from_secs(20)),
-            "no checkpoint"
-        );
+        assert!(wait_event(&rx, "completed", EVENT_TIMEOUT), "no checkpoint");
     }
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .expect("run kill");
     assert!(status.success());
-    let done = next_event(&rx, "done", Duration::from_secs(30)).expect("job did not stop");
+    let done = next_event(&rx, "done", EVENT_TIMEOUT).expect("job did not stop");
     let exit = child.wait().expect("wait");
     assert!(exit.success(), "{exit}");
     assert!(done.contains("failed=0"), "{done}");

@@ -32,8 +32,6 @@ fn sink(brokers: &str, topic: &str, prefix: &str) -> KafkaSink {
     )
 }
 
-const QUIET: Duration = Duration::from_millis(1500);
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invisible_until_commit() {
     let b = broker(2).await;
@@ -52,15 +50,15 @@ async fn invisible_until_commit() {
     // written after the barrier: belongs to the next transaction
     w.write_batch(records(50, 10)).await.expect("write");
     assert!(
-        read_committed(&brokers, "out1", 2, QUIET).is_empty(),
+        read_committed(&brokers, "out1", 2).is_empty(),
         "visible before commit"
     );
     w.commit(1, p).await.expect("commit");
-    let seen = read_committed(&brokers, "out1", 2, QUIET);
+    let seen = read_committed(&brokers, "out1", 2);
     assert_eq!(seen.len(), 50, "exactly checkpoint 1's records");
     let p2 = w.pre_commit(2).await.expect("pre_commit").expect("pending");
     w.commit(2, p2).await.expect("commit");
-    assert_eq!(read_committed(&brokers, "out1", 2, QUIET).len(), 60);
+    assert_eq!(read_committed(&brokers, "out1", 2).len(), 60);
     b.shutdown().await;
 }
 
@@ -85,7 +83,7 @@ async fn recovery_commits_a_crashed_sinks_transaction_once() {
     let factory = sink(&brokers, "out2", "t2");
     let mut r = factory.create(&info(0, 1, 1)).expect("create");
     r.recover(vec![p.clone()]).await.expect("recovery commit");
-    let seen = read_committed(&brokers, "out2", 2, QUIET);
+    let seen = read_committed(&brokers, "out2", 2);
     assert_eq!(
         seen.len(),
         40,
@@ -99,7 +97,7 @@ async fn recovery_commits_a_crashed_sinks_transaction_once() {
     r.write_batch(records(40, 10)).await.expect("write");
     let p3 = r.pre_commit(3).await.expect("pre_commit").expect("pending");
     r.commit(3, p3).await.expect("commit");
-    let seen = read_committed(&brokers, "out2", 2, QUIET);
+    let seen = read_committed(&brokers, "out2", 2);
     assert_eq!(seen.len(), 50);
     b.shutdown().await;
 }
@@ -129,7 +127,7 @@ async fn recovery_of_an_aborted_transaction_fails_loudly() {
     let err = r.recover(vec![p]).await.expect_err("must fail").to_string();
     assert!(err.contains("DATA LOSS"), "{err}");
     assert!(err.contains("checkpoint 7"), "{err}");
-    assert!(read_committed(&brokers, "out3", 1, QUIET).is_empty());
+    assert!(read_committed(&brokers, "out3", 1).is_empty());
     b.shutdown().await;
 }
 

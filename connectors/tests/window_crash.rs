@@ -4,7 +4,9 @@
 //! `window_crash_child_job`), is SIGKILLed at random moments (at least 10 times: at random
 //! times, while a checkpoint is in flight, right after one completed) in the middle of open
 //! windows, and restarted with restore = latest. Its committed output must be identical to
-//! that of an uninterrupted run of the same job.
+//! that of an uninterrupted run of the same job. A run that is going to be killed holds back
+//! the last sixth of the input (`Generator::pause_at`), so it cannot finish before its kill on
+//! a fast machine; the final run reads the rest.
 
 mod crash_support;
 
@@ -112,13 +114,13 @@ fn window_crash_child_job() {
     let strategy =
         WatermarkStrategy::bounded_out_of_orderness(Duration::from_millis(1000), |e: &Event| e.ts)
             .with_splits(|e: &Event| (e.id % u64::from(SPLITS)) as u32);
-    let events = env.source(
-        "events",
-        Generator::new(RECORDS, event)
-            .splits(SPLITS)
-            .rate_per_second(RATE)
-            .with_watermarks(strategy),
-    );
+    let mut generator = Generator::new(RECORDS, event)
+        .splits(SPLITS)
+        .rate_per_second(RATE);
+    if let Ok(at) = std::env::var("ONCEFLOW_WINDOW_CRASH_PAUSE_AT") {
+        generator = generator.pause_at(at.parse().expect("ONCEFLOW_WINDOW_CRASH_PAUSE_AT"));
+    }
+    let events = env.source("events", generator.with_watermarks(strategy));
     let per_key = events
         .key_by(|e: &Event| e.key)
         .window(WindowAssigner::tumbling(Duration::from_secs(1)), |e| e.ts)
@@ -138,16 +140,24 @@ fn window_crash_child_job() {
     announce_done(&r);
 }
 
-fn spawn_child(dir: &Path) -> (Child, mpsc::Receiver<String>) {
+/// Starts the job; a run that is going to be killed (`to_be_killed`) holds back the last
+/// sixth of the input, so it cannot end before its kill however fast the machine is.
+fn spawn_child(dir: &Path, to_be_killed: bool) -> (Child, mpsc::Receiver<String>) {
     let mut cmd = child_command("window_crash_child_job");
     cmd.env("ONCEFLOW_WINDOW_CRASH_DIR", dir);
+    if to_be_killed {
+        cmd.env(
+            "ONCEFLOW_WINDOW_CRASH_PAUSE_AT",
+            (RECORDS * 5 / 6).to_string(),
+        );
+    }
     spawn_with_events(cmd)
 }
 
 /// Runs the job to completion in `dir` and returns the final run's `done` line.
 fn run_to_completion(dir: &Path) -> String {
-    let (mut child, rx) = spawn_child(dir);
-    let done = next_event(&rx, "done", Duration::from_secs(90)).expect("run did not finish");
+    let (mut child, rx) = spawn_child(dir, false);
+    let done = next_event(&rx, "done", Duration::from_secs(300)).expect("run did not finish");
     let status = child.wait().expect("wait");
     assert!(status.success(), "run failed: {status}");
     done
@@ -182,7 +192,7 @@ fn window_job_killed_mid_window_matches_an_uninterrupted_run() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let kills = 12;
-    kill_repeatedly(kills, 50..700, |_| spawn_child(dir.path())).unwrap_or_else(|e| {
+    kill_repeatedly(kills, 50..700, |_| spawn_child(dir.path(), true)).unwrap_or_else(|e| {
         panic!(
             "the job finished before {kills} kills (only {})",
             e.kills_done

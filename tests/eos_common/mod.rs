@@ -8,10 +8,16 @@
 //! every test), `ONCEFLOW_EOS_KILLS` (SIGKILLs per kill -9 run, default 10),
 //! `ONCEFLOW_EOS_VERBOSE` (echo children's stdout), `ONCEFLOW_EOS_JOB_LOG` /
 //! `ONCEFLOW_EOS_BROKER_LOG` (RUST_LOG of the children; logs stay in the test's temp dir
-//! when `ONCEFLOW_EOS_KEEP` is set).
+//! when `ONCEFLOW_EOS_KEEP` is set), `ONCEFLOW_EOS_PREBUILT` (use the example and broker
+//! binaries as built, without `cargo build`).
+//!
+//! Faults that an assertion depends on are triggered on what the processes report (stdout
+//! lines, the checkpoint directory, the topics), never on how long something takes; waits
+//! are bounded only against a process that is stuck.
 
 #![allow(dead_code)]
 
+pub mod checkpoints;
 pub mod data;
 pub mod procs;
 pub mod proxy;
@@ -25,6 +31,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
+#[allow(unused_imports)] // used by the kill -9, failpoint and stall tests only
+pub use checkpoints::*;
 pub use data::*;
 pub use procs::*;
 #[allow(unused_imports)] // used by the network-drop tests only
@@ -76,6 +84,7 @@ pub fn finish_dir(dir: tempfile::TempDir) {
 pub struct Tail {
     consumer: BaseConsumer,
     ids: HashSet<u64>,
+    duplicates: usize,
     markers: HashSet<String>,
     output: String,
 }
@@ -102,6 +111,7 @@ impl Tail {
         Tail {
             consumer,
             ids: HashSet::new(),
+            duplicates: 0,
             markers: HashSet::new(),
             output: output.to_string(),
         }
@@ -119,7 +129,9 @@ impl Tail {
             let value = m.payload().unwrap_or_default();
             if m.topic() == self.output {
                 if let Some(o) = parse_output(value) {
-                    self.ids.insert(o.id);
+                    if !self.ids.insert(o.id) {
+                        self.duplicates += 1;
+                    }
                 }
             } else {
                 let text = String::from_utf8_lossy(value);
@@ -143,11 +155,21 @@ impl Tail {
     pub fn progress(&self) -> (usize, usize) {
         (self.ids.len(), self.markers.len())
     }
+
+    /// Output records seen whose id was seen before.
+    pub fn duplicates(&self) -> usize {
+        self.duplicates
+    }
 }
+
+/// How long [`finish`] waits without any new output before it calls the job stuck. Only a
+/// stuck job takes this long: a slow one on a loaded machine still makes progress.
+pub const STUCK_AFTER: Duration = Duration::from_secs(240);
 
 /// Runs the job (restarting it if it exits, at most `max_restarts` times) until the tail saw
 /// every id and every malformed record, then stops it with SIGTERM and expects exit 0.
-/// `job` may hold an already running instance. Returns the number of restarts the test did.
+/// `job` may hold an already running instance. `timeout` bounds the whole run; besides, the
+/// output must grow at least every [`STUCK_AFTER`]. Returns the number of restarts the test did.
 pub fn finish(
     bootstrap: &str,
     args: &JobArgs,
@@ -156,14 +178,32 @@ pub fn finish(
     timeout: Duration,
     max_restarts: usize,
 ) -> usize {
+    finish_when(bootstrap, args, data, job, timeout, max_restarts, |_| true)
+}
+
+/// [`finish`], but the job is stopped only once `also(tail)` holds as well (e.g. a duplicate
+/// was seen).
+pub fn finish_when(
+    bootstrap: &str,
+    args: &JobArgs,
+    data: &Dataset,
+    job: Option<Proc>,
+    timeout: Duration,
+    max_restarts: usize,
+    also: impl Fn(&Tail) -> bool,
+) -> usize {
     let mut tail = Tail::new(bootstrap, &args.output, &args.dlq());
     let mut restarts = 0;
     let mut job = job.unwrap_or_else(|| spawn_job(bootstrap, args, "final"));
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let (mut last_progress, mut progressed) = (tail.progress(), Instant::now());
     loop {
         tail.poll_for(data, Duration::from_millis(300));
-        if tail.complete(data) {
+        if tail.complete(data) && also(&tail) {
             break;
+        }
+        if tail.progress() != last_progress {
+            (last_progress, progressed) = (tail.progress(), Instant::now());
         }
         if let Some(status) = job.try_status() {
             assert!(
@@ -181,26 +221,32 @@ pub fn finish(
             );
             restarts += 1;
             job = spawn_job(bootstrap, args, &format!("final-restart-{restarts}"));
+            progressed = Instant::now();
         }
         assert!(
-            Instant::now() < deadline,
-            "output incomplete after {timeout:?}: seen {:?} of {} ids / {} dlq markers\n{}",
+            progressed.elapsed() < STUCK_AFTER && started.elapsed() < timeout,
+            "output incomplete: seen {:?} of {} ids / {} dlq markers ({} duplicates); no new \
+             output for {:?}, {:?} in all (limits {STUCK_AFTER:?} without progress, {timeout:?} \
+             in all)\n{}",
             tail.progress(),
             data.expected.len(),
             data.bad_markers.len(),
+            tail.duplicates(),
+            progressed.elapsed(),
+            started.elapsed(),
             job.describe()
         );
     }
     // SIGTERM is the graceful stop of a running job: wait until it runs (a restart may still
     // be recovering when the output is already complete).
     assert!(
-        job.wait_line(Duration::from_secs(90), |l| l.contains("job started"))
+        job.wait_line(START_TIMEOUT, |l| l.contains("job started"))
             .is_some(),
         "the last instance never printed `job started` ({:?})\n{}",
         job.try_status(),
         job.describe()
     );
-    job.stop_gracefully(Duration::from_secs(60));
+    job.stop_gracefully(STOP_TIMEOUT);
     assert!(
         job.lines().iter().any(|l| l.contains("job stopped")),
         "no `job stopped` line after SIGTERM\n{}",
@@ -208,6 +254,17 @@ pub fn finish(
     );
     restarts
 }
+
+/// Bound of waits for an event a job reports once it works at all (`job started`, a first
+/// checkpoint): generous, so that only a stuck job hits it, never a slow one.
+pub const START_TIMEOUT: Duration = Duration::from_secs(240);
+
+/// Bound of a whole [`finish`] run (besides [`STUCK_AFTER`]): only a job that never gets
+/// anywhere hits it.
+pub const FINISH_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// Bound of waits for a job to stop (SIGTERM's final checkpoint, fencing, a refusal).
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Reads the committed output and DLQ and checks them against `data`.
 pub fn check_output(bootstrap: &str, args: &JobArgs, data: &Dataset) -> Report {

@@ -67,10 +67,23 @@ fn build() -> Result<Bins, String> {
             cmd.args(["--profile", other]);
         }
     }
-    eprintln!("[eos] building: {cmd:?}");
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run cargo build: {e}"))?;
+    // ONCEFLOW_EOS_PREBUILT: the binaries are built already (e.g. a loop of test runs while
+    // other builds hold the target dir lock for minutes); take them as they are
+    let prebuilt = std::env::var_os("ONCEFLOW_EOS_PREBUILT").is_some();
+    eprintln!(
+        "[eos] {}: {cmd:?}",
+        if prebuilt {
+            "ONCEFLOW_EOS_PREBUILT, not running"
+        } else {
+            "building"
+        }
+    );
+    let out = if prebuilt {
+        Command::new("true").output()
+    } else {
+        cmd.output()
+    }
+    .map_err(|e| format!("cannot run cargo build: {e}"))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         return Err(format!(
@@ -115,6 +128,24 @@ pub fn tail(s: &str, n: usize) -> String {
 struct Lines {
     lines: Mutex<Vec<String>>,
     changed: Condvar,
+    /// Set once stdout reached its end (the process and anything sharing the pipe exited).
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Lines {
+    /// Waits until the reader saw the end of stdout (bounded against a grandchild holding the
+    /// pipe open), so that the lines are all a dead process printed.
+    fn wait_closed(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut lines = self.lines.lock().unwrap();
+        while !self.closed.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+            lines = self
+                .changed
+                .wait_timeout(lines, Duration::from_millis(50))
+                .unwrap()
+                .0;
+        }
+    }
 }
 
 /// A child process that is SIGKILLed when dropped (no leaked processes on panics).
@@ -151,6 +182,11 @@ impl Proc {
                 reader_lines.lines.lock().unwrap().push(line);
                 reader_lines.changed.notify_all();
             }
+            let _guard = reader_lines.lines.lock().unwrap();
+            reader_lines
+                .closed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            reader_lines.changed.notify_all();
         });
         Proc {
             name: name.to_string(),
@@ -191,8 +227,7 @@ impl Proc {
                 drop(self.lines.changed.wait_timeout(lines, wait).unwrap());
             }
             if self.try_status().is_some() {
-                // Give the reader thread a moment to drain the pipe, then look once more.
-                std::thread::sleep(Duration::from_millis(100));
+                // try_status waited for the end of stdout: look once more at the last lines
                 let lines = self.lines.lines.lock().unwrap();
                 return lines[seen..].iter().find(|l| pred(l)).cloned();
             }
@@ -200,9 +235,13 @@ impl Proc {
     }
 
     /// The exit status if the process has exited.
+    /// Once it reports an exit, [`Self::lines`] holds every line the process printed.
     pub fn try_status(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {
             self.status = self.child.try_wait().expect("try_wait");
+            if self.status.is_some() {
+                self.lines.wait_closed();
+            }
         }
         self.status
     }
@@ -248,6 +287,7 @@ impl Proc {
         }
         let _ = self.child.kill();
         self.status = Some(self.child.wait().expect("wait after kill"));
+        self.lines.wait_closed();
         true
     }
 
@@ -276,22 +316,64 @@ impl Proc {
         );
     }
 
+    /// Sends `sig` (e.g. `-STOP`) with kill(1).
+    fn signal(&self, sig: &str) {
+        let pid = self.pid().to_string();
+        let status = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pid} failed");
+    }
+
+    /// SIGSTOP, then waits until every thread of the process is stopped (kill(2) only queues
+    /// the signal), so that nothing it does changes state any more: files, sockets and stdout
+    /// are what they will be at a SIGKILL now. Returns false if the process had exited.
+    pub fn suspend(&mut self) -> bool {
+        if self.try_status().is_some() {
+            return false;
+        }
+        self.signal("-STOP");
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.pid()));
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let stopped = std::fs::read_dir(&tasks).ok().is_some_and(|dir| {
+                dir.flatten().all(|t| {
+                    // `pid (comm) S ...`: the state follows the last ')'
+                    std::fs::read_to_string(t.path().join("stat"))
+                        .ok()
+                        .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().to_string()))
+                        .is_none_or(|r| r.starts_with('T') || r.starts_with('t'))
+                })
+            });
+            if stopped {
+                return true;
+            }
+            if self.try_status().is_some() {
+                return false;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not stop within 120 s of SIGSTOP",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGCONT after [`Self::suspend`].
+    pub fn resume(&mut self) {
+        if self.try_status().is_none() {
+            self.signal("-CONT");
+        }
+    }
+
     /// Freezes the process (SIGSTOP) for `d`, then lets it go on (SIGCONT): a stall such as a
     /// long GC pause or an overloaded host.
     pub fn freeze(&mut self, d: Duration) {
-        if self.try_status().is_some() {
-            return;
-        }
-        let pid = self.pid().to_string();
-        for sig in ["-STOP", "-CONT"] {
-            let status = Command::new("kill")
-                .args([sig, &pid])
-                .status()
-                .expect("run kill");
-            assert!(status.success(), "kill {sig} {pid} failed");
-            if sig == "-STOP" {
-                std::thread::sleep(d);
-            }
+        if self.suspend() {
+            std::thread::sleep(d);
+            self.resume();
         }
     }
 
@@ -360,7 +442,7 @@ impl Broker {
                 std::env::var("ONCEFLOW_EOS_BROKER_LOG").unwrap_or_else(|_| "warn".into()),
             );
         let mut p = Proc::spawn("broker", cmd, &self.log);
-        match p.wait_line(Duration::from_secs(30), |l| l.starts_with("listening on ")) {
+        match p.wait_line(Duration::from_secs(120), |l| l.starts_with("listening on ")) {
             Some(line) => {
                 self.addr = line.trim_start_matches("listening on ").trim().to_string();
                 self.proc = Some(p);
@@ -384,7 +466,7 @@ impl Broker {
 
     /// Restarts the broker on the same address and data dir (retries while the port is busy).
     pub fn restart(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             match self.spawn_once() {
                 Ok(()) => return,

@@ -65,13 +65,31 @@ impl Drop for BrokerChild {
     }
 }
 
-/// Reads the child's stdout until a line starting with `prefix` (30 s bound); the rest of
+/// Waits until the log of the broker child started on `data_dir` holds `needle` (a line the
+/// broker logs at the moment a test wants to act on) `times` times; panics after `timeout`.
+pub fn wait_for_log(data_dir: &Path, needle: &str, times: usize, timeout: Duration) {
+    let path = data_dir.with_extension("log");
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if std::fs::read_to_string(&path).is_ok_and(|log| log.matches(needle).count() >= times) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broker did not log {needle:?} within {timeout:?}; see {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Reads the child's stdout until a line starting with `prefix` (120 s bound); the rest of
 /// stdout is drained in the background.
 pub fn first_line(child: &mut Child, prefix: &str) -> String {
     try_first_line(child, prefix).expect("child printed its line in time")
 }
 
-/// [`first_line`], `None` if the child exits or stays silent for 30 s.
+/// [`first_line`], `None` if the child exits or stays silent for 120 s.
 pub fn try_first_line(child: &mut Child, prefix: &str) -> Option<String> {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
@@ -86,5 +104,5 @@ pub fn try_first_line(child: &mut Child, prefix: &str) -> Option<String> {
             }
         }
     });
-    rx.recv_timeout(Duration::from_secs(30)).ok()
+    rx.recv_timeout(Duration::from_secs(120)).ok()
 }

@@ -12,6 +12,10 @@ use onceflow_runtime::{CheckpointEvent, JobResult};
 use rand::rngs::ThreadRng;
 use rand::Rng;
 
+/// Longest wait for a checkpoint event of a healthy child: generous, so that only a stuck
+/// child (not a loaded machine) reaches it.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Prints a checkpoint event for the parent (the child's `checkpoint_listener`).
 pub fn announce_checkpoint(ev: CheckpointEvent) {
     match ev {
@@ -107,7 +111,7 @@ pub fn kill_repeatedly(
                 let skip = rng.random_range(0..3);
                 let mut ok = true;
                 for _ in 0..=skip {
-                    ok = ok && next_event(&rx, "triggered", Duration::from_secs(10)).is_some();
+                    ok = ok && next_event(&rx, "triggered", EVENT_TIMEOUT).is_some();
                 }
                 if ok {
                     std::thread::sleep(Duration::from_micros(rng.random_range(0..3000)));
@@ -119,7 +123,7 @@ pub fn kill_repeatedly(
                 let skip = rng.random_range(0..3);
                 let mut ok = true;
                 for _ in 0..=skip {
-                    ok = ok && next_event(&rx, "completed", Duration::from_secs(10)).is_some();
+                    ok = ok && next_event(&rx, "completed", EVENT_TIMEOUT).is_some();
                 }
                 ok
             }

@@ -52,14 +52,16 @@ pub fn produce(brokers: &str, topic: &str, partitions: i32, values: &[String]) {
     p.flush(Duration::from_secs(30)).expect("flush");
 }
 
-/// Reads every value of `topic` visible to read_committed, stopping once `expect` values were
-/// read and nothing more arrived for `quiet`, or at `deadline`.
-pub fn read_committed(brokers: &str, topic: &str, partitions: i32, quiet: Duration) -> Vec<String> {
+/// Reads every value of `topic` visible to read_committed, from the beginning up to the end
+/// of every partition (its last stable offset): the broker says where the end is, so the
+/// result does not depend on how fast this machine is. Panics if the end is not reached in 120 s.
+pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<String> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", "reader")
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
         .create()
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
@@ -69,12 +71,25 @@ pub fn read_committed(brokers: &str, topic: &str, partitions: i32, quiet: Durati
     }
     c.assign(&tpl).expect("assign");
     let mut out = Vec::new();
-    let mut last = Instant::now();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while last.elapsed() < quiet && Instant::now() < deadline {
-        if let Some(Ok(m)) = c.poll(Duration::from_millis(50)) {
-            out.push(String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned());
-            last = Instant::now();
+    let mut at_end = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while at_end.len() < partitions as usize {
+        assert!(
+            Instant::now() < deadline,
+            "read_committed {topic}: the end of partitions {:?} not reached in 120 s",
+            (0..partitions)
+                .filter(|p| !at_end.contains(p))
+                .collect::<Vec<_>>()
+        );
+        match c.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                out.push(String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned());
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => eprintln!("read_committed {topic}: {e}"),
+            None => {}
         }
     }
     out

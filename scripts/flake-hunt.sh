@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Runs chosen test binaries N times in a loop, optionally with the machine loaded by a parallel
+# cargo build, and prints failures per test binary and per test. A test that fails here even
+# once is flaky: its verdict depends on timing, and it will reject good submissions at random.
+#
+# Usage:
+#   scripts/flake-hunt.sh [-n RUNS] [--load] [--out DIR] PKG:TEST [PKG:TEST ...]
+#   scripts/flake-hunt.sh -n 20 --load onceflow-connectors:crash_exactly_once onceflow:eos_kill9
+#   scripts/flake-hunt.sh --list      # the crash, kill, stall, network and e2e binaries
+#   scripts/flake-hunt.sh -n 20 --load all
+#
+# PKG:TEST names a cargo package and one of its integration test targets; `all` stands for
+# the list printed by --list. Each run executes the whole test binary (every test in it, one
+# at a time: --test-threads=1) so that runs do not compete with each other; the load is the
+# only other thing on the machine. Logs of failed runs are kept in DIR (default
+# target/flake-hunt/<timestamp>); the summary table is also written to DIR/summary.txt.
+#
+# Extra arguments for the test binaries go after `--`, e.g. `-- --nocapture`.
+# Environment knobs of the tests (ONCEFLOW_EOS_RECORDS and so on, docs/TESTING.md) pass through.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ALL=(
+  onceflow:eos_kill9
+  onceflow:eos_failpoint
+  onceflow:eos_fencing
+  onceflow:eos_broker_kill
+  onceflow:eos_config
+  onceflow:eos_checker
+  onceflow-connectors:crash_exactly_once
+  onceflow-connectors:window_crash
+  onceflow-connectors:recovery
+  onceflow-connectors:kafka_two_phase
+  onceflow-connectors:completion_hook
+  onceflow-broker:restart
+  onceflow-broker:storage_kill9
+  onceflow-broker:storage_crash
+  onceflow-broker:groups_crash
+  onceflow-broker:txn_crash
+  onceflow-broker:txn_resume
+  onceflow-broker:txn_recovery
+  onceflow-connectors:window_idle
+)
+
+runs=20
+load=0
+out=""
+targets=()
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) runs="$2"; shift 2 ;;
+    --load) load=1; shift ;;
+    --out) out="$2"; shift 2 ;;
+    --list) printf '%s\n' "${ALL[@]}"; exit 0 ;;
+    all) targets+=("${ALL[@]}"); shift ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *:*) targets+=("$1"); shift ;;
+    *) echo "flake-hunt: unknown argument $1 (want PKG:TEST, all, -n N, --load)" >&2; exit 2 ;;
+  esac
+done
+[ ${#targets[@]} -gt 0 ] || { echo "flake-hunt: name at least one PKG:TEST (or all)" >&2; exit 2; }
+
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+out="${out:-$target_dir/flake-hunt/$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$out"
+
+# Build every chosen test binary once and find its path.
+declare -A bin
+args=()
+for t in "${targets[@]}"; do args+=(-p "${t%%:*}" --test "${t#*:}"); done
+echo "flake-hunt: building ${#targets[@]} test binaries"
+cargo test --no-run --message-format=json "${args[@]}" 2>"$out/build.log" >"$out/build.json" || {
+  echo "flake-hunt: build failed, see $out/build.log" >&2; exit 1; }
+for t in "${targets[@]}"; do
+  name="${t#*:}"
+  path=$(python3 - "$out/build.json" "$name" <<'EOF'
+import json, sys
+want = sys.argv[2]
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") \
+            and m["target"]["name"] == want and "test" in m["target"]["kind"]:
+        print(m["executable"])
+        break
+EOF
+)
+  [ -n "$path" ] || { echo "flake-hunt: no test binary for $t" >&2; exit 1; }
+  bin[$t]="$path"
+done
+
+declare -A pkg_dir
+while read -r name dir; do pkg_dir[$name]="$dir"; done < <(
+  cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, os, sys
+for p in json.load(sys.stdin)["packages"]:
+    print(p["name"], os.path.dirname(p["manifest_path"]))')
+
+# The load: a release build of the broker in its own target dir, cleaned and rebuilt in a loop.
+load_pid=""
+stop_load() {
+  if [ -n "$load_pid" ]; then
+    kill -- -"$load_pid" 2>/dev/null || kill "$load_pid" 2>/dev/null || true
+    wait "$load_pid" 2>/dev/null || true
+  fi
+}
+trap stop_load EXIT
+if [ "$load" = 1 ]; then
+  load_dir="$target_dir/flake-hunt-load"
+  echo "flake-hunt: loading the machine with a parallel build (target dir $load_dir)"
+  set -m
+  (
+    while true; do
+      cargo clean --target-dir "$load_dir" -p onceflow-broker -p onceflow-runtime \
+        -p onceflow-connectors >/dev/null 2>&1 || true
+      cargo build --release --target-dir "$load_dir" -p onceflow-broker -p onceflow-connectors \
+        >/dev/null 2>&1 || sleep 5
+    done
+  ) &
+  load_pid=$!
+  set +m
+fi
+
+declare -A fails secs maxs
+: >"$out/failed-tests.txt"
+for ((i = 1; i <= runs; i++)); do
+  for t in "${targets[@]}"; do
+    log="$out/${t//[:\/]/_}-run$i.log"
+    start=$(date +%s)
+    # cargo runs a test binary in its package's directory; do the same
+    if (cd "${pkg_dir[${t%%:*}]}" && "${bin[$t]}" --test-threads=1 "${extra[@]}") >"$log" 2>&1; then
+      status=ok
+      rm -f "$log"
+    else
+      status=FAILED
+      fails[$t]=$(( ${fails[$t]:-0} + 1 ))
+      grep -E '^test .* FAILED$|^    [a-z_0-9:]+$' "$log" | sed "s|^|run $i $t: |" \
+        >>"$out/failed-tests.txt" || true
+    fi
+    d=$(( $(date +%s) - start ))
+    secs[$t]=$(( ${secs[$t]:-0} + d ))
+    if [ "$d" -gt "${maxs[$t]:-0}" ] || [ -z "${maxs[$t]:-}" ]; then maxs[$t]=$d; fi
+    echo "flake-hunt: run $i/$runs $t: $status (${d}s)"
+  done
+done
+
+total=0
+for t in "${targets[@]}"; do total=$((total + ${fails[$t]:-0})); done
+{
+  echo "flake-hunt: $runs runs each, load=$([ "$load" = 1 ] && echo 'parallel cargo build' || echo none), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
+  printf '%-42s %5s %8s %8s %8s\n' "test binary" runs failures "mean s" "max s"
+  for t in "${targets[@]}"; do
+    f=${fails[$t]:-0}
+    printf '%-42s %5d %8d %8d %8d\n' "$t" "$runs" "$f" $(( ${secs[$t]} / runs )) "${maxs[$t]}"
+  done
+  if [ -s "$out/failed-tests.txt" ]; then
+    echo "failed tests:"
+    sort "$out/failed-tests.txt" | uniq -c
+  fi
+  echo "failed runs in total: $total; logs of failed runs: $out"
+} | tee "$out/summary.txt"
+[ "$total" -eq 0 ]
