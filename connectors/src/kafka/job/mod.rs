@@ -32,28 +32,28 @@ mod embedded;
 mod exit;
 mod failpoint;
 mod instance;
+mod outputs;
 mod startup;
+mod watcher;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use onceflow_runtime::{
-    CheckpointEvent, CheckpointId, CompletionHook, DataStream, RestoreMode, SourceWatermarks,
-    StopHandle, StreamEnvironment, WatermarkStrategy,
+    CheckpointEvent, CheckpointId, DataStream, RestoreMode, SourceWatermarks, StreamEnvironment,
+    WatermarkStrategy,
 };
 
 pub use args::KafkaJobArgs;
 pub use exit::{exit_code, init_tracing};
+pub use outputs::KafkaOutputs;
 
-use crate::kafka::{
-    CheckpointSeal, Decoder, DeliveryMode, KafkaError, KafkaMessage, KafkaSink, KafkaSinkConfig,
-    KafkaSource, OffsetsLink, Result, SinkRecord,
-};
-use args::{mode_name, Settings};
+use crate::kafka::{Decoder, KafkaError, KafkaMessage, KafkaSinkConfig, KafkaSource, Result};
 use embedded::Embedded;
+use outputs::{Progress, Sealing};
+use watcher::spawn_watcher;
 
 /// Prints a line on stdout and flushes it (a job's stdout is a contract tests read).
 pub(crate) fn say(line: String) {
@@ -302,25 +302,15 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             Some(w) => env.source("kafka-in", source.with_watermarks(w)),
             None => env.source("kafka-in", source),
         };
-        let mut outputs = KafkaOutputs {
-            cfg: sink_cfg,
-            link: started.link.clone(),
-            settings: s.clone(),
-            sinks: 0,
-            progress: progress.clone(),
-            error: None,
-            stop: stop.clone(),
-        };
+        let mut outputs = KafkaOutputs::new(
+            sink_cfg,
+            started.link.clone(),
+            s.clone(),
+            progress.clone(),
+            stop.clone(),
+        );
         pipeline(input, &mut outputs);
-        if let Some(e) = outputs.error.take() {
-            return Err(e);
-        }
-        if outputs.sinks == 0 {
-            return Err(KafkaError::Config(format!(
-                "job {}: the pipeline adds no Kafka sink (call KafkaOutputs::sink)",
-                self.name
-            )));
-        }
+        outputs.check(&self.name)?;
 
         let watcher_done = Arc::new(AtomicBool::new(false));
         spawn_watcher(
@@ -358,160 +348,4 @@ fn summary(progress: &Progress, result: &onceflow_runtime::JobResult) -> JobSumm
         last_checkpoint: result.last_checkpoint,
         restored_from: result.restored_from,
     }
-}
-
-/// Counters shared by the source, the sinks and the watcher.
-#[derive(Default)]
-struct Progress {
-    /// Records read from the input.
-    processed: AtomicU64,
-    /// Sink subtasks of the job (known once the pipeline is built).
-    sink_subtasks: AtomicUsize,
-    /// Sink subtasks that recovered (`job started` once all did).
-    recovered: AtomicUsize,
-    /// Sink subtasks that committed each checkpoint (`checkpoint N committed` once all did).
-    committed: Mutex<HashMap<CheckpointId, usize>>,
-}
-
-/// The sinks of a job: every sink writes in the job's delivery mode with the job's
-/// transactional id prefix, transaction timeout and checkpoint interval.
-pub struct KafkaOutputs {
-    cfg: KafkaSinkConfig,
-    link: Option<OffsetsLink>,
-    settings: Settings,
-    sinks: usize,
-    progress: Arc<Progress>,
-    error: Option<KafkaError>,
-    stop: StopHandle,
-}
-
-impl KafkaOutputs {
-    /// The output topic (`--output`).
-    pub fn output_topic(&self) -> &str {
-        &self.settings.output
-    }
-
-    /// The dead-letter topic, `<output>.dlq`: send a record there with
-    /// `SinkRecord::to_topic`; it is written in the same transactions as the output.
-    pub fn dead_letter_topic(&self) -> String {
-        format!("{}.dlq", self.settings.output)
-    }
-
-    /// Stops the job with a final checkpoint (like SIGTERM) when called.
-    pub fn stop_handle(&self) -> StopHandle {
-        self.stop.clone()
-    }
-
-    /// Writes `records` to the output topic (a record with a topic goes to that topic).
-    pub fn sink(&mut self, name: &str, records: &DataStream<SinkRecord>) {
-        let topic = self.settings.output.clone();
-        self.sink_to(name, records, &topic);
-    }
-
-    /// Writes `records` to `topic` (a record with a topic goes to that topic). In
-    /// transactional-offsets mode a job has one sink (the input offsets commit with its
-    /// transactions); write further topics through `SinkRecord::to_topic`.
-    pub fn sink_to(&mut self, name: &str, records: &DataStream<SinkRecord>, topic: &str) {
-        if self.sinks > 0 && self.settings.mode == DeliveryMode::TransactionalOffsets {
-            self.error.get_or_insert(KafkaError::Config(format!(
-                "sink `{name}`: --mode {} commits the input offsets with the transactions of one sink; write further topics from that sink with SinkRecord::to_topic",
-                mode_name(self.settings.mode)
-            )));
-            return;
-        }
-        let mut cfg = self.cfg.clone();
-        cfg.default_topic = topic.to_string();
-        if self.sinks > 0 {
-            // every two-phase-commit sink has its own ring of transactional ids
-            cfg.transactional_id_prefix = format!("{}-{name}", self.settings.prefix);
-        }
-        let p = self.settings.parallelism;
-        self.sinks += 1;
-        self.progress.sink_subtasks.fetch_add(p, Ordering::SeqCst);
-        let (on_commit, on_recovered) = (self.progress.clone(), self.progress.clone());
-        let mut sink = KafkaSink::new(cfg)
-            .on_commit(move |n, _subtask| {
-                let total = on_commit.sink_subtasks.load(Ordering::SeqCst);
-                let mut m = on_commit
-                    .committed
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                let c = m.entry(n).or_insert(0);
-                *c += 1;
-                if *c == total {
-                    m.remove(&n);
-                    say(format!("checkpoint {n} committed"));
-                }
-            })
-            .on_recovered(move |_subtask, _parallelism| {
-                let total = on_recovered.sink_subtasks.load(Ordering::SeqCst);
-                if on_recovered.recovered.fetch_add(1, Ordering::SeqCst) + 1 == total {
-                    say("job started".to_string());
-                }
-            });
-        if self.settings.mode == DeliveryMode::TransactionalOffsets {
-            if let Some(link) = &self.link {
-                sink = sink.offsets_link(link.clone());
-            }
-        }
-        records.sink_with_parallelism(name, p, sink);
-    }
-}
-
-/// The seal of two-phase commit, with the `before-seal` failpoint.
-struct Sealing(Arc<CheckpointSeal>);
-
-#[onceflow_runtime::async_trait]
-impl CompletionHook for Sealing {
-    async fn seal(&self, checkpoint: CheckpointId) -> onceflow_runtime::Result<()> {
-        failpoint::hit("before-seal", checkpoint);
-        self.0.seal(checkpoint).await
-    }
-}
-
-/// Stops the job on `--max-records` and `--exit-when-idle-ms`; with the embedded broker it
-/// prints the progress every 2 s.
-fn spawn_watcher(
-    progress: Arc<Progress>,
-    stop: StopHandle,
-    done: Arc<AtomicBool>,
-    max: Option<u64>,
-    idle: Option<Duration>,
-    verbose: bool,
-) {
-    if max.is_none() && idle.is_none() && !verbose {
-        return;
-    }
-    std::thread::spawn(move || {
-        let started = Instant::now();
-        let mut last_print = Instant::now();
-        // input was last seen when the processed count last moved (checked every 50 ms)
-        let (mut last_n, mut last_input) = (progress.processed.load(Ordering::Relaxed), started);
-        while !done.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(50));
-            let n = progress.processed.load(Ordering::Relaxed);
-            if n != last_n {
-                (last_n, last_input) = (n, Instant::now());
-            }
-            if max.is_some_and(|m| n >= m) {
-                tracing::info!(
-                    processed = n,
-                    "--max-records reached: stopping with a final checkpoint"
-                );
-                stop.stop();
-                return;
-            }
-            if let Some(idle) = idle {
-                if last_input.elapsed() >= idle && started.elapsed() >= idle {
-                    tracing::info!("--exit-when-idle-ms reached: stopping with a final checkpoint");
-                    stop.stop();
-                    return;
-                }
-            }
-            if verbose && last_print.elapsed() >= Duration::from_secs(2) {
-                last_print = Instant::now();
-                say(format!("progress: {n} records processed"));
-            }
-        }
-    });
 }
