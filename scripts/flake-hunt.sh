@@ -20,6 +20,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The whole script is one function, read before anything runs, so that editing this file
+# while a long hunt is running cannot change what the running hunt executes.
+main() {
+
 ALL=(
   onceflow:eos_kill9
   onceflow:eos_failpoint
@@ -40,6 +44,9 @@ ALL=(
   onceflow-broker:txn_resume
   onceflow-broker:txn_recovery
   onceflow-connectors:window_idle
+  onceflow-connectors:operators_api
+  onceflow-runtime:runtime_alignment
+  onceflow-runtime:runtime_metrics
 )
 
 runs=20
@@ -164,3 +171,6 @@ for t in "${targets[@]}"; do total=$((total + ${fails[$t]:-0})); done
   echo "failed runs in total: $total; logs of failed runs: $out"
 } | tee "$out/summary.txt"
 [ "$total" -eq 0 ]
+}
+
+main "$@"

@@ -30,6 +30,11 @@ pub struct BrokerConfig {
     /// Test failpoint: pause (ms) between PrepareCommit/PrepareAbort and the
     /// markers. 0 in production.
     pub txn_marker_delay_ms: u64,
+    /// Start even if a durable file holds damage followed by valid data: drop the damaged
+    /// bytes, keep what follows when the framing allows it, and report what was dropped
+    /// (error-level log lines and the `onceflow_broker_corrupt_*_dropped_total` metrics).
+    /// Default false: such a file makes the broker refuse to start, naming the file.
+    pub repair_corrupt_logs: bool,
 }
 
 impl Default for BrokerConfig {
@@ -44,6 +49,7 @@ impl Default for BrokerConfig {
             metrics_listen: None,
             transactions: crate::txn::CoordinatorConfig::default(),
             txn_marker_delay_ms: 0,
+            repair_corrupt_logs: false,
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod batch_header;
 pub mod codec;
 pub mod config;
 pub mod error;
+pub mod framed_log;
 pub mod group;
 pub mod handlers;
 pub mod metrics;

@@ -3,6 +3,11 @@
 //! Ids are handed out from blocks: before the first id of a block is given away, the end of
 //! the block is written to `<data dir>/`[`PRODUCER_ID_FILE`] (temp file, fsync, rename). After
 //! a restart allocation resumes at the recorded end, so at most one block of ids is skipped.
+//!
+//! The file is `<end>\ncrc32c <hex of CRC-32C of the first line>\n`. It is only ever replaced
+//! atomically, so it cannot be torn: a checksum mismatch is corruption and refuses the start
+//! (reusing producer ids would let a new producer pass as an old one's duplicate). A file
+//! without the checksum line (written by an older broker) is accepted as it is.
 
 use std::path::{Path, PathBuf};
 
@@ -33,9 +38,9 @@ impl ProducerIdAllocator {
         let file = data_dir.map(|d| d.join(PRODUCER_ID_FILE));
         let next = match &file {
             Some(path) => match std::fs::read_to_string(path) {
-                Ok(text) => text.trim().parse::<i64>().map_err(|e| BrokerError::Io {
+                Ok(text) => decode(&text).map_err(|reason| BrokerError::Io {
                     context: format!("parsing {}", path.display()),
-                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
                 })?,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
                 Err(source) => {
@@ -80,7 +85,7 @@ fn write_durably(path: &Path, value: i64) -> Result<()> {
     };
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating temp file for", e))?;
-    f.write_all(format!("{value}\n").as_bytes())
+    f.write_all(encode(value).as_bytes())
         .and_then(|()| f.sync_all())
         .map_err(|e| io("writing", e))?;
     std::fs::rename(&tmp, path).map_err(|e| io("renaming into", e))?;
@@ -90,6 +95,37 @@ fn write_durably(path: &Path, value: i64) -> Result<()> {
             .map_err(|e| io("syncing directory of", e))?;
     }
     Ok(())
+}
+
+fn encode(value: i64) -> String {
+    let line = value.to_string();
+    format!("{line}\ncrc32c {:08x}\n", crc32c::crc32c(line.as_bytes()))
+}
+
+fn decode(text: &str) -> std::result::Result<i64, String> {
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or("").trim();
+    let value = first
+        .parse::<i64>()
+        .map_err(|e| format!("first line {first:?}: {e}"))?;
+    let Some(check) = lines.next() else {
+        return Ok(value);
+    };
+    let stored = check
+        .strip_prefix("crc32c ")
+        .and_then(|hex| u32::from_str_radix(hex.trim(), 16).ok())
+        .ok_or_else(|| format!("second line {check:?} is not `crc32c HEX`"))?;
+    let computed = crc32c::crc32c(first.as_bytes());
+    if stored != computed {
+        return Err(format!(
+            "checksum mismatch (stored {stored:08x}, computed {computed:08x}): the file is \
+             corrupt; the broker will not guess the next producer id"
+        ));
+    }
+    if lines.any(|l| !l.trim().is_empty()) {
+        return Err("unexpected lines after the checksum".into());
+    }
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -114,6 +150,23 @@ mod tests {
         let a = ProducerIdAllocator::open(None).unwrap();
         assert_eq!(a.allocate().unwrap(), 0);
         assert_eq!(a.allocate().unwrap(), 1);
+    }
+
+    #[test]
+    fn flipped_digit_is_an_error_and_old_files_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(PRODUCER_ID_FILE);
+        let a = ProducerIdAllocator::open(Some(dir.path())).unwrap();
+        a.allocate().unwrap();
+        drop(a);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(decode(&text), Ok(BLOCK_SIZE));
+        std::fs::write(&path, text.replacen('1', "7", 1)).unwrap();
+        let err = ProducerIdAllocator::open(Some(dir.path())).err().unwrap();
+        assert!(err.to_string().contains("checksum mismatch"), "{err}");
+        std::fs::write(&path, "5000\n").unwrap();
+        let b = ProducerIdAllocator::open(Some(dir.path())).unwrap();
+        assert_eq!(b.allocate().unwrap(), 5000);
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::handlers::{self, api_name, DispatchError};
 use crate::metrics;
 use crate::producer_ids::ProducerIdAllocator;
 use crate::state::BrokerState;
-use crate::storage::Store;
+use crate::storage::{StorageConfig, Store};
 
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -138,9 +138,13 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         None => (local_addr.ip().to_string(), local_addr.port()),
     };
 
-    let storage_config = config.storage.clone();
+    let storage_config = StorageConfig {
+        repair_corrupt_logs: config.storage.repair_corrupt_logs || config.repair_corrupt_logs,
+        ..config.storage.clone()
+    };
     let data_dir = storage_config.data_dir.clone();
     let fsync = storage_config.fsync;
+    let repair = config.repair_corrupt_logs;
     let (store, producer_ids, groups) = tokio::task::spawn_blocking(move || -> Result<_> {
         if let Some(dir) = &data_dir {
             std::fs::create_dir_all(dir).map_err(|source| BrokerError::Io {
@@ -153,7 +157,10 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         let groups = crate::group::GroupCoordinator::open(
             data_dir.as_deref(),
             matches!(fsync, crate::storage::FsyncPolicy::EveryBatch),
-            crate::group::GroupConfig::default(),
+            crate::group::GroupConfig {
+                repair_corrupt_logs: repair,
+                ..crate::group::GroupConfig::default()
+            },
         )
         .map_err(|e| BrokerError::Io {
             context: "opening the group offsets store".into(),
@@ -175,6 +182,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
             data_dir: config.storage.data_dir.clone(),
             coordinator: config.transactions,
             marker_delay: Duration::from_millis(config.txn_marker_delay_ms),
+            repair_corrupt_logs: config.repair_corrupt_logs,
         };
         let store = store.clone();
         let pids: Arc<dyn crate::txn::ProducerIdSource> = producer_ids.clone();

@@ -1,6 +1,8 @@
 //! Damaged files and hostile bytes never panic the store: random produce payloads are refused
-//! with errors, and a store whose files were truncated or had bytes flipped at random reopens
-//! and serves only whole, CRC-valid batches with contiguous offsets.
+//! with errors; a store whose files were truncated or had bytes flipped at random either
+//! reopens or refuses with an error naming a damaged segment (an invalid batch with valid data
+//! after it), and with repair it reopens; either way it serves only whole, CRC-valid batches
+//! with contiguous offsets.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +11,9 @@ use bytes::Bytes;
 use onceflow_broker::storage::batch::{
     encode_batch, validate_batch, BatchSpec, RecordSpec, ATTR_TRANSACTIONAL,
 };
-use onceflow_broker::storage::{FsyncPolicy, MemBackend, StorageBackend, StorageConfig, Store};
+use onceflow_broker::storage::{
+    FsyncPolicy, MemBackend, StorageBackend, StorageConfig, StorageError, Store,
+};
 use proptest::prelude::*;
 
 const ROOT: &str = "/corrupt";
@@ -22,10 +26,33 @@ fn open_sized(
     backend: &MemBackend,
     segment_bytes: u64,
 ) -> Result<Store, onceflow_broker::storage::StorageError> {
+    open_with(backend, segment_bytes, false)
+}
+
+/// Opens; a refusal must name a segment, and then the store opens with repair.
+fn open_or_repair(backend: &MemBackend, segment_bytes: u64) -> Store {
+    match open_with(backend, segment_bytes, false) {
+        Ok(store) => store,
+        Err(StorageError::Corrupt { path, reason }) => {
+            assert!(path.starts_with(ROOT), "{path:?}");
+            assert_eq!(path.extension().and_then(|e| e.to_str()), Some("log"));
+            assert!(reason.contains("--repair-corrupt-logs"), "{reason}");
+            open_with(backend, segment_bytes, true).expect("reopen with repair")
+        }
+        Err(e) => panic!("reopen after damage: {e}"),
+    }
+}
+
+fn open_with(
+    backend: &MemBackend,
+    segment_bytes: u64,
+    repair_corrupt_logs: bool,
+) -> Result<Store, onceflow_broker::storage::StorageError> {
     let config = StorageConfig {
         data_dir: None,
         segment_bytes,
         fsync: FsyncPolicy::EveryBatch,
+        repair_corrupt_logs,
     };
     Store::open_with_backend(config, Arc::new(backend.clone()), Path::new(ROOT))
 }
@@ -149,7 +176,7 @@ proptest! {
             }
             backend.write_file_atomic(path, &content).unwrap();
         }
-        let store = open(&backend).expect("reopen after damage");
+        let store = open_or_repair(&backend, 700);
         check_served(&store);
         // Still writable: appends land at the high watermark.
         for (topic, n) in store.topics() {
@@ -163,9 +190,9 @@ proptest! {
     }
 }
 
-/// Reads everything reachable without asserting validity: sealed segments are not re-scanned
-/// on open (as in Kafka), so damage before their last index entry may be served, but nothing
-/// may panic or loop.
+/// Reads everything reachable without asserting success: sealed segments are not re-scanned
+/// on open (as in Kafka), so damage before their last index entry is only found by reads
+/// (which refuse the damaged batch), but nothing may panic or loop.
 fn touch_everything(store: &Store) {
     for (topic, n) in store.topics() {
         for part in 0..n {
@@ -176,6 +203,7 @@ fn touch_everything(store: &Store) {
                 steps += 1;
                 match p.read(offset, 300) {
                     Ok(chunk) if chunk.len() >= 27 => {
+                        assert_whole_valid_batches(&chunk);
                         let base = i64::from_be_bytes(chunk[..8].try_into().unwrap());
                         let delta = i32::from_be_bytes(chunk[23..27].try_into().unwrap());
                         let next = base.saturating_add(i64::from(delta)).saturating_add(1);
@@ -188,6 +216,16 @@ fn touch_everything(store: &Store) {
             let _ = p.read_committed(p.log_start_offset(), 1000);
             let _ = p.aborted_transactions(0, i64::MAX);
         }
+    }
+}
+
+/// A read result is a sequence of whole batches that pass validation (CRC included).
+fn assert_whole_valid_batches(chunk: &[u8]) {
+    let mut pos = 0;
+    while pos < chunk.len() {
+        let len = i32::from_be_bytes(chunk[pos + 8..pos + 12].try_into().unwrap()) as usize + 12;
+        validate_batch(&chunk[pos..pos + len]).expect("a served batch passes validation");
+        pos += len;
     }
 }
 
@@ -211,7 +249,7 @@ proptest! {
             content[i] ^= byte | 1;
             backend.write_file_atomic(path, &content).unwrap();
         }
-        let store = open_sized(&backend, 64 * 1024).expect("damaged files are repaired, not fatal");
+        let store = open_or_repair(&backend, 64 * 1024);
         touch_everything(&store);
     }
 }

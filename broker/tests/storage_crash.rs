@@ -18,6 +18,7 @@ fn open(backend: &MemBackend, fsync: FsyncPolicy, segment_bytes: u64) -> Store {
         data_dir: None,
         segment_bytes,
         fsync,
+        ..StorageConfig::default()
     };
     Store::open_with_backend(config, Arc::new(backend.clone()), Path::new(ROOT)).expect("open")
 }

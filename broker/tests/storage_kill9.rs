@@ -19,6 +19,7 @@ fn config(dir: &str) -> StorageConfig {
         data_dir: Some(dir.into()),
         segment_bytes: 8 * 1024,
         fsync: FsyncPolicy::EveryBatch,
+        ..StorageConfig::default()
     }
 }
 

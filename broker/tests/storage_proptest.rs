@@ -34,6 +34,7 @@ fn check(
         data_dir: None,
         segment_bytes,
         fsync: FsyncPolicy::Never,
+        ..StorageConfig::default()
     };
     let store = Store::open_with_backend(config.clone(), Arc::clone(&backend), root).unwrap();
     store.create_topic("p", 1).unwrap();

@@ -42,6 +42,7 @@ impl Env {
             data_dir: Some(self.root()),
             segment_bytes,
             fsync,
+            ..StorageConfig::default()
         };
         match self {
             Env::File(_) => Store::open(config).expect("open store"),

@@ -91,6 +91,7 @@ fn storage_throughput() {
             data_dir: Some(dir.path().join(name)),
             segment_bytes: 64 << 20,
             fsync,
+            ..StorageConfig::default()
         })
         .unwrap();
         run(&format!("file-{name}-100"), &store, 100, 160, 2_000);

@@ -18,6 +18,7 @@ fn open(backend: &MemBackend) -> Store {
         data_dir: None,
         segment_bytes: 400,
         fsync: FsyncPolicy::EveryBatch,
+        ..StorageConfig::default()
     };
     Store::open_with_backend(config, Arc::new(backend.clone()), Path::new("/txn")).unwrap()
 }

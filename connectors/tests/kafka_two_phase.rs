@@ -146,3 +146,25 @@ fn a_timeout_shorter_than_the_interval_is_refused() {
     assert!(err.contains("must exceed checkpoint interval"), "{err}");
     assert!(err.contains("raise --transaction-timeout-ms"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_committer_tries_every_bootstrap_server() {
+    let b = broker(1).await;
+    let brokers = b.bootstrap_servers();
+    // port 1 on loopback refuses connections: a dead first server
+    let dead = "127.0.0.1:1";
+    let with_dead_first = format!("{dead},{brokers}");
+    let coordinator = committer::find_txn_coordinator(&with_dead_first, "t-any")
+        .await
+        .expect("the second server answers");
+    assert!(coordinator.is_ok(), "{coordinator:?}");
+    let max = committer::broker_max_transaction_timeout(&with_dead_first)
+        .await
+        .expect("the second server answers");
+    assert!(max.is_some());
+    let err = committer::broker_max_transaction_timeout(dead)
+        .await
+        .expect_err("no server reachable");
+    assert!(err.to_string().contains(dead), "{err}");
+    b.shutdown().await;
+}

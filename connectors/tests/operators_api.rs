@@ -11,8 +11,8 @@ use onceflow_operators::{
     Connect, Filter, KeyBy, KeyedCoProcessFunction, KeyedContext, Map, Rebalance,
 };
 use onceflow_runtime::{
-    async_trait, CheckpointId, Error, JobConfig, Result, Sink, SinkFactory, StreamEnvironment,
-    SubtaskInfo,
+    async_trait, CheckpointId, Error, JobConfig, Result, Sink, SinkFactory, Source, SourceFactory,
+    SourcePoll, StreamEnvironment, SubtaskInfo,
 };
 
 #[test]
@@ -162,6 +162,48 @@ impl SinkFactory<u64> for FlakySink {
     }
 }
 
+/// Wraps a source so that it ends only after it has taken checkpoint `n`'s barrier (one
+/// checkpoint runs at a time, so every earlier one has finished): a test that counts
+/// checkpoints of a bounded job gets them however fast or loaded the machine is.
+struct EndAfterCheckpoint<F>(F, CheckpointId);
+
+struct EndAfterCheckpointSource<S> {
+    inner: S,
+    end_after: CheckpointId,
+    last: CheckpointId,
+}
+
+impl<T: Send + 'static, F: SourceFactory<T>> SourceFactory<T> for EndAfterCheckpoint<F> {
+    type Source = EndAfterCheckpointSource<F::Source>;
+    fn create(&self, info: &SubtaskInfo) -> Result<Self::Source> {
+        Ok(EndAfterCheckpointSource {
+            inner: self.0.create(info)?,
+            end_after: self.1,
+            last: 0,
+        })
+    }
+}
+
+#[async_trait]
+impl<T: Send + 'static, S: Source<T>> Source<T> for EndAfterCheckpointSource<S> {
+    type Position = S::Position;
+    fn restore(&mut self, positions: Vec<S::Position>) -> Result<()> {
+        self.inner.restore(positions)
+    }
+    async fn poll(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourcePoll> {
+        match self.inner.poll(out, max).await? {
+            SourcePoll::Exhausted if self.last < self.end_after => {
+                Ok(SourcePoll::Idle(Duration::from_millis(1)))
+            }
+            other => Ok(other),
+        }
+    }
+    fn snapshot_position(&mut self, checkpoint: CheckpointId) -> Result<S::Position> {
+        self.last = checkpoint;
+        self.inner.snapshot_position(checkpoint)
+    }
+}
+
 #[test]
 fn failing_pre_commit_fails_the_checkpoint_not_the_job() {
     let env = StreamEnvironment::new(
@@ -172,7 +214,10 @@ fn failing_pre_commit_fails_the_checkpoint_not_the_job() {
     let inner = CollectSink::new();
     env.source(
         "numbers",
-        onceflow_connectors::Generator::new(200_000, |i| i).rate_per_second(1_000_000.0),
+        EndAfterCheckpoint(
+            onceflow_connectors::Generator::new(200_000, |i| i).rate_per_second(1_000_000.0),
+            4,
+        ),
     )
     .map(|x| x * 2)
     .sink(

@@ -29,6 +29,21 @@ pub enum Error {
         /// What failed to verify.
         reason: String,
     },
+    /// A checkpoint file was written by an older onceflow whose key-group hash differs: its
+    /// keyed state cannot be placed correctly, so it is refused rather than restored wrongly
+    /// (the user's to resolve; a retry cannot help).
+    #[error(
+        "checkpoint file {path} has format version {version}, written by an older onceflow that \
+         placed keys in key groups with another hash; restoring it would give keys the wrong \
+         state. Finish the job with the old build (stop it: final checkpoint and commit), then \
+         start this build with a new checkpoint directory (and, for Kafka jobs, a new group)"
+    )]
+    IncompatibleCheckpoint {
+        /// The offending file.
+        path: PathBuf,
+        /// Its format version.
+        version: u16,
+    },
     /// A requested checkpoint does not exist or is incomplete.
     #[error("checkpoint {0} not found or incomplete")]
     CheckpointNotFound(u64),
@@ -82,7 +97,10 @@ impl Error {
     /// Who is at fault.
     pub fn fault(&self) -> Fault {
         match self {
-            Error::InvalidJob(_) | Error::Operator { .. } | Error::Serialization(_) => Fault::User,
+            Error::InvalidJob(_)
+            | Error::Operator { .. }
+            | Error::Serialization(_)
+            | Error::IncompatibleCheckpoint { .. } => Fault::User,
             Error::Connector(_)
             | Error::Fatal(_)
             | Error::CorruptCheckpoint { .. }

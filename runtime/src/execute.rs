@@ -186,6 +186,7 @@ impl StreamEnvironment {
             progress: progress_rx,
             storage: storage.clone(),
             batch_size: config.batch_size,
+            externally_sealed: config.completion_hook.is_some(),
         });
 
         // set up every subtask; sinks recover here, before anything runs

@@ -22,6 +22,11 @@ struct SeqSource {
     per_poll: usize,
     pause: Duration,
     log: Log,
+    /// After its last record the source idles until it has taken this checkpoint's barrier
+    /// (the coordinator runs one checkpoint at a time, so every earlier one has finished):
+    /// the job cannot end before the checkpoints the test counts, however loaded the machine.
+    end_after_checkpoint: CheckpointId,
+    last_checkpoint: CheckpointId,
 }
 
 #[async_trait]
@@ -35,6 +40,9 @@ impl Source<u64> for SeqSource {
     async fn poll(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourcePoll> {
         for _ in 0..self.per_poll.min(max) {
             if self.next >= self.end {
+                if self.last_checkpoint < self.end_after_checkpoint {
+                    return Ok(SourcePoll::Idle(Duration::from_millis(1)));
+                }
                 return Ok(SourcePoll::Exhausted);
             }
             out.push(self.next);
@@ -48,6 +56,7 @@ impl Source<u64> for SeqSource {
     }
 
     fn snapshot_position(&mut self, checkpoint: CheckpointId) -> Result<u64> {
+        self.last_checkpoint = checkpoint;
         self.log
             .lock()
             .unwrap()
@@ -124,6 +133,8 @@ fn alignment_with_skewed_inputs_snapshots_before_post_barrier_records() {
             per_poll: 256,
             pause: Duration::ZERO,
             log: l1.clone(),
+            end_after_checkpoint: 6,
+            last_checkpoint: 0,
         })
     });
     let slow = env.source("slow", move |_: &SubtaskInfo| {
@@ -134,6 +145,8 @@ fn alignment_with_skewed_inputs_snapshots_before_post_barrier_records() {
             per_poll: 1,
             pause: Duration::from_millis(3),
             log: l2.clone(),
+            end_after_checkpoint: 6,
+            last_checkpoint: 0,
         })
     });
     fast.add_two_input_operator(

@@ -90,7 +90,10 @@ impl Recorder for TestRecorder {
     }
 }
 
-struct Numbers(u64);
+/// 20 000 numbers; after the last one the source idles until it has taken checkpoint 4's
+/// barrier (one checkpoint runs at a time, so 1-3 have finished), so the job cannot end
+/// before the checkpoints the test counts, however loaded the machine.
+struct Numbers(u64, CheckpointId);
 
 #[async_trait]
 impl Source<u64> for Numbers {
@@ -101,6 +104,9 @@ impl Source<u64> for Numbers {
     async fn poll(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourcePoll> {
         for _ in 0..max.min(50) {
             if self.0 >= 20_000 {
+                if self.1 < 4 {
+                    return Ok(SourcePoll::Idle(Duration::from_millis(1)));
+                }
                 return Ok(SourcePoll::Exhausted);
             }
             out.push(self.0);
@@ -108,7 +114,8 @@ impl Source<u64> for Numbers {
         }
         Ok(SourcePoll::Idle(Duration::from_micros(500)))
     }
-    fn snapshot_position(&mut self, _c: CheckpointId) -> Result<u64> {
+    fn snapshot_position(&mut self, c: CheckpointId) -> Result<u64> {
+        self.1 = c;
         Ok(self.0)
     }
 }
@@ -165,7 +172,7 @@ fn runtime_metrics_are_recorded() {
             .checkpoint_interval(Duration::from_millis(10))
             .checkpoint_dir(dir.path()),
     );
-    env.source("numbers", |_: &SubtaskInfo| Ok(Numbers(0)))
+    env.source("numbers", |_: &SubtaskInfo| Ok(Numbers(0, 0)))
         .add_operator("stateful", Partitioning::Forward, |_| Ok(Stateful(0)))
         .sink("flaky", |_: &SubtaskInfo| Ok(Flaky));
     let r = env.execute_blocking().expect("job");

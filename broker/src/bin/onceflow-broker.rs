@@ -47,6 +47,11 @@ struct Args {
     /// Serve Prometheus text metrics over HTTP on this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Start even if a durable file holds damage followed by valid data: drop the damaged
+    /// bytes, keep the valid data after them, and report what was dropped. Without it such a
+    /// file makes the broker refuse to start with an error naming the file and position.
+    #[arg(long)]
+    repair_corrupt_logs: bool,
     /// Largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above).
     #[arg(long, default_value_t = 900_000, value_parser = clap::value_parser!(i32).range(1..))]
     max_transaction_timeout_ms: i32,
@@ -100,6 +105,7 @@ fn main() -> std::process::ExitCode {
             transactional_id_expiration_ms: args.transactional_id_expiration_ms,
         },
         txn_marker_delay_ms: args.txn_marker_delay_ms,
+        repair_corrupt_logs: args.repair_corrupt_logs,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -125,7 +125,11 @@ impl GroupCoordinator {
         config: GroupConfig,
     ) -> Result<Self> {
         let offsets = match data_dir {
-            Some(dir) => OffsetStore::open(&dir.join(OFFSETS_DIR), fsync_every_write)?,
+            Some(dir) => OffsetStore::open_with_repair(
+                &dir.join(OFFSETS_DIR),
+                fsync_every_write,
+                config.repair_corrupt_logs,
+            )?,
             None => OffsetStore::in_memory(),
         };
         let nonce = SystemTime::now()

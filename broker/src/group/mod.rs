@@ -66,6 +66,10 @@ pub enum GroupError {
         /// What was wrong.
         reason: String,
     },
+    /// The offsets file holds damage followed by valid records (external; the operator decides,
+    /// with `--repair-corrupt-logs`, whether to drop the damaged bytes).
+    #[error("group offsets file is corrupt: {0}")]
+    CorruptLog(#[from] crate::framed_log::CorruptLog),
     /// The store was closed by a broker shutdown.
     #[error("group offsets store is closed")]
     Closed,
@@ -93,6 +97,9 @@ pub struct GroupConfig {
     pub max_metadata_bytes: usize,
     /// How often the timer task checks for expired members and rebalance deadlines.
     pub tick_interval: Duration,
+    /// Open an offsets file holding damage followed by valid records by dropping the damaged
+    /// bytes (reported at error level and in metrics) instead of refusing to start.
+    pub repair_corrupt_logs: bool,
 }
 
 impl Default for GroupConfig {
@@ -105,6 +112,7 @@ impl Default for GroupConfig {
             max_size: 1_000,
             max_metadata_bytes: 4_096,
             tick_interval: Duration::from_millis(50),
+            repair_corrupt_logs: false,
         }
     }
 }

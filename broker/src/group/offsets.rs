@@ -214,7 +214,13 @@ impl OffsetStore {
     /// Opens (or creates) the store in `dir`: replays the offsets file and rewrites it as a
     /// snapshot. With `fsync_every_write` each change is fsynced before it is acknowledged.
     pub fn open(dir: &Path, fsync_every_write: bool) -> Result<Self> {
-        let records = OffsetsLog::replay(dir)?;
+        Self::open_with_repair(dir, fsync_every_write, false)
+    }
+
+    /// [`OffsetStore::open`]; with `repair`, damage followed by valid records is dropped (and
+    /// reported) instead of refusing the open.
+    pub fn open_with_repair(dir: &Path, fsync_every_write: bool, repair: bool) -> Result<Self> {
+        let records = OffsetsLog::replay(dir, repair)?;
         let replayed = records.len();
         let mut inner = Inner {
             fsync_every_write,

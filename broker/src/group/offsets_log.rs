@@ -2,10 +2,10 @@
 //!
 //! Each record is framed as `len: u32 LE | crc32c(payload): u32 LE | payload`. The payload is
 //! one [`LogRecord`] (a kind byte, then its fields; strings are `u32 LE length | UTF-8`,
-//! integers little-endian). Replay stops at the first incomplete or mismatching frame, which
-//! is what a crash in the middle of an append leaves; the file is truncated there. On open the
-//! store rewrites the file as a snapshot of the live state (temp file, fsync, rename), which
-//! keeps it compact.
+//! integers little-endian). Reading goes through [`crate::framed_log`]: a torn tail (what a
+//! crash in the middle of an append leaves) is cut; an invalid frame followed by a valid one is
+//! corruption and refuses the open unless repair was asked for. On open the store rewrites the
+//! file as a snapshot of the live state (temp file, fsync, rename), which keeps it compact.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::offsets::{CommittedOffset, TopicPartition};
 use super::{GroupError, Result};
+use crate::framed_log::{ByteOrder, Framing, ScanError};
 
 const KIND_COMMIT: u8 = 1;
 const KIND_STAGE: u8 = 2;
@@ -20,8 +21,12 @@ const KIND_COMPLETE: u8 = 3;
 const KIND_GENERATION: u8 = 4;
 const KIND_DELETE_TOPIC: u8 = 5;
 
-/// Largest payload accepted when reading (guards against a garbled length field).
-const MAX_RECORD_BYTES: u32 = 256 * 1024 * 1024;
+/// The frame layout of the offsets file (little endian header, payloads up to 256 MiB).
+const FRAMING: Framing = Framing {
+    order: ByteOrder::Little,
+    max_payload: 256 * 1024 * 1024,
+    kind: "group_offsets",
+};
 
 /// One record of the offsets file.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,12 +117,7 @@ impl LogRecord {
                 put_str(&mut payload, protocol_type);
             }
         }
-        let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
-        let mut frame = Vec::with_capacity(payload.len() + 8);
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
-        frame.extend_from_slice(&payload);
-        frame
+        FRAMING.frame(&payload)
     }
 
     /// Decodes one payload (without the frame).
@@ -256,9 +256,11 @@ impl OffsetsLog {
     /// The file's name inside its directory.
     pub const FILE_NAME: &'static str = "offsets.log";
 
-    /// Reads every intact record of `dir/offsets.log` (creating the directory if needed) and
-    /// truncates a torn tail. Returns the records in file order.
-    pub fn replay(dir: &Path) -> Result<Vec<LogRecord>> {
+    /// Reads every intact record of `dir/offsets.log` (creating the directory if needed).
+    /// A torn tail is left out (the caller's rewrite drops it). Damage followed by valid
+    /// records is [`GroupError::CorruptLog`] unless `repair`, which skips the damaged bytes
+    /// and reports them. Returns the records in file order.
+    pub fn replay(dir: &Path, repair: bool) -> Result<Vec<LogRecord>> {
         std::fs::create_dir_all(dir).map_err(|source| io_err(dir, source))?;
         let path = dir.join(Self::FILE_NAME);
         let mut data = Vec::new();
@@ -270,36 +272,18 @@ impl OffsetsLog {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(source) => return Err(io_err(&path, source)),
         }
-        let mut records = Vec::new();
-        let mut pos = 0usize;
-        while pos < data.len() {
-            let Some(header) = data.get(pos..pos + 8) else {
-                break;
-            };
-            let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-            let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-            if len > MAX_RECORD_BYTES {
-                break;
-            }
-            let Some(payload) = data.get(pos + 8..pos + 8 + len as usize) else {
-                break;
-            };
-            if crc32c::crc32c(payload) != crc {
-                break;
-            }
-            let record = LogRecord::decode(payload).map_err(|reason| GroupError::Corrupt {
-                path: path.clone(),
-                position: pos as u64,
-                reason,
+        let scan = FRAMING
+            .scan(&path, &data, repair, LogRecord::decode)
+            .map_err(|e| match e {
+                ScanError::Corrupt(c) => GroupError::CorruptLog(c),
+                ScanError::Undecodable(u) => GroupError::Corrupt {
+                    path: path.clone(),
+                    position: u.position,
+                    reason: u.reason,
+                },
             })?;
-            records.push(record);
-            pos += 8 + len as usize;
-        }
-        if pos < data.len() {
-            tracing::warn!(path = %path.display(), valid_bytes = pos, file_bytes = data.len(),
-                "group offsets file has a torn or corrupt tail; ignoring it");
-        }
-        Ok(records)
+        FRAMING.report(&path, &scan);
+        Ok(scan.records)
     }
 
     /// Atomically replaces `dir/offsets.log` with `records` (temp file, fsync, rename, fsync of
@@ -460,7 +444,7 @@ mod tests {
         let len = std::fs::metadata(&path).unwrap().len();
         let file = OpenOptions::new().write(true).open(&path).unwrap();
         file.set_len(len - 3).unwrap();
-        let records = OffsetsLog::replay(dir.path()).unwrap();
+        let records = OffsetsLog::replay(dir.path(), false).unwrap();
         assert_eq!(records, vec![a]);
     }
 }

@@ -157,6 +157,13 @@ fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, 
                     metrics::partition_error("Fetch", ResponseError::OffsetOutOfRange.code());
                     partitions.push(data.with_error_code(ResponseError::OffsetOutOfRange.code()));
                 }
+                Err(e @ ReadError::Corrupt { .. }) => {
+                    errors = true;
+                    tracing::error!(topic = name, partition = p.partition, offset = p.fetch_offset,
+                        error = %e, "fetch refused: the stored batch fails its CRC or framing check");
+                    metrics::partition_error("Fetch", ResponseError::CorruptMessage.code());
+                    partitions.push(data.with_error_code(ResponseError::CorruptMessage.code()));
+                }
                 Err(ReadError::Storage(e)) => {
                     errors = true;
                     tracing::error!(topic = name, partition = p.partition, error = %e, "fetch read failed");

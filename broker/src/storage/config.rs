@@ -65,6 +65,9 @@ pub struct StorageConfig {
     pub segment_bytes: u64,
     /// When appended data is fsynced.
     pub fsync: FsyncPolicy,
+    /// At open, truncate a partition at an invalid batch that valid data follows (reporting
+    /// what is dropped) instead of refusing to open. A torn tail is cut either way.
+    pub repair_corrupt_logs: bool,
 }
 
 impl Default for StorageConfig {
@@ -73,6 +76,7 @@ impl Default for StorageConfig {
             data_dir: None,
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             fsync: FsyncPolicy::default(),
+            repair_corrupt_logs: false,
         }
     }
 }

@@ -97,4 +97,14 @@ pub enum ReadError {
     /// The store failed underneath (external) -> KAFKA_STORAGE_ERROR (56).
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The batch at the fetch offset fails validation on disk (CRC-32C or framing): it is not
+    /// served (external: the disk altered it; retrying will not help) -> CORRUPT_MESSAGE (2),
+    /// which librdkafka reports to the application instead of retrying silently.
+    #[error("{path}: {reason}")]
+    Corrupt {
+        /// The segment file.
+        path: std::path::PathBuf,
+        /// Where and what.
+        reason: String,
+    },
 }

@@ -208,6 +208,7 @@ impl Inner {
             backend: Arc::clone(&self.backend),
             fsync: self.config.fsync,
             segment_bytes: self.config.segment_bytes,
+            repair_corrupt_logs: self.config.repair_corrupt_logs,
         }
     }
 

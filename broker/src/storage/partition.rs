@@ -105,6 +105,7 @@ pub(crate) struct PartitionContext {
     pub backend: Arc<dyn StorageBackend>,
     pub fsync: FsyncPolicy,
     pub segment_bytes: u64,
+    pub repair_corrupt_logs: bool,
 }
 
 /// A partition of a topic. Internally synchronized; share it as `Arc<Partition>`.
@@ -147,7 +148,7 @@ impl Partition {
         dir: PathBuf,
     ) -> Result<Partition, StorageError> {
         let started = Instant::now();
-        let state = recovery::recover(ctx.backend.as_ref(), &dir)?;
+        let state = recovery::recover(ctx.backend.as_ref(), &dir, ctx.repair_corrupt_logs)?;
         tracing::debug!(
             topic,
             partition = index,
@@ -697,8 +698,15 @@ impl Partition {
         if fetch_offset >= limit {
             return Ok(Bytes::new());
         }
-        segment::read_batches(file.as_ref(), start, size, fetch_offset, limit, max_bytes)
-            .map_err(|e| ReadError::Storage(StorageError::io(path, e)))
+        segment::read_batches(file.as_ref(), start, size, fetch_offset, limit, max_bytes).map_err(
+            |e| match e.kind() {
+                std::io::ErrorKind::InvalidData => ReadError::Corrupt {
+                    path,
+                    reason: e.to_string(),
+                },
+                _ => ReadError::Storage(StorageError::io(path, e)),
+            },
+        )
     }
 
     /// The high watermark: one past the last offset readers may see.

@@ -1,6 +1,7 @@
 //! Opening a partition directory after a clean shutdown or a crash: load each segment's index
 //! (dropping a damaged tail), validate every batch after the last trusted index entry (length,
-//! magic, CRC-32C, contiguous offsets), cut torn or corrupt tails with a warning, then rebuild
+//! magic, CRC-32C, contiguous offsets), cut a torn tail with a warning, refuse corruption in the
+//! middle (an invalid batch with valid data after it) unless repair was asked for, then rebuild
 //! producer state from the newest valid snapshot plus a replay of the log after it.
 
 use std::collections::BTreeSet;
@@ -16,13 +17,16 @@ use super::producer_state::ProducerStates;
 use super::segment::{self, HeaderWalker, Segment};
 use super::snapshot;
 use super::txn_index::{self, AbortedTxn, CONTROL_ABORT, TXN_INDEX_FILE};
+use crate::framed_log::{REPAIRED_BYTES, REPAIRED_RANGES};
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
     move |e| StorageError::io(path, e)
 }
 
-/// Recovers (or creates) the partition in `dir`.
-pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path) -> Result<LogState> {
+/// Recovers (or creates) the partition in `dir`. With `repair`, a segment holding an invalid
+/// batch followed by valid data is truncated at that batch (with the later segments) and the
+/// loss reported, instead of refusing with [`StorageError::Corrupt`].
+pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path, repair: bool) -> Result<LogState> {
     backend.create_dir_all(dir).map_err(io(dir))?;
     let mut logs = BTreeSet::new();
     let mut indexes = BTreeSet::new();
@@ -77,13 +81,13 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path) -> Result<LogSta
                 break;
             }
         }
-        let (seg, cut) = recover_segment(backend, dir, base)?;
+        let (seg, cut) = recover_segment(backend, dir, base, &bases[i + 1..], repair)?;
         segments.push(seg);
         i += 1;
         if cut && i < bases.len() {
-            tracing::warn!(
+            tracing::error!(
                 dir = %dir.display(), from = bases[i],
-                "removing segments after a corrupt one"
+                "repairing a corrupt log: removing the segments after the damaged one"
             );
             remove_segments(backend, dir, &bases[i..])?;
             break;
@@ -144,6 +148,72 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path) -> Result<LogSta
     Ok(state)
 }
 
+/// What follows a fault in a segment: a valid batch in the same file, later segments.
+struct Damage {
+    /// Position (in the file) and base offset of the first valid batch after the fault.
+    resync: Option<(u64, i64)>,
+    /// Bytes of the later segments.
+    later_bytes: u64,
+    /// Number of later segments.
+    later_segments: usize,
+    /// Size of the damaged file.
+    file_len: u64,
+}
+
+impl Damage {
+    fn measure(
+        backend: &dyn StorageBackend,
+        dir: &Path,
+        (log, log_path): (&dyn super::backend::BackendFile, &Path),
+        end: &segment::ScanEnd,
+        later: &[i64],
+    ) -> Result<Self> {
+        let file_len = log.len();
+        let tail = log
+            .read_at(end.valid_end, (file_len - end.valid_end) as usize)
+            .map_err(io(log_path))?;
+        let resync = segment::resync(&tail, end.next_offset)
+            .map(|(at, offset)| (end.valid_end + at as u64, offset));
+        let mut later_bytes = 0;
+        for b in later {
+            let p = dir.join(segment::file_name(*b, "log"));
+            later_bytes += backend.open(&p).map_err(io(&p))?.len();
+        }
+        Ok(Damage {
+            resync,
+            later_bytes,
+            later_segments: later.len(),
+            file_len,
+        })
+    }
+
+    /// Nothing valid follows the fault: the normal result of a crash in an append.
+    fn is_torn_tail(&self) -> bool {
+        self.resync.is_none() && self.later_bytes == 0
+    }
+
+    fn refusal(&self, end: &segment::ScanEnd, reason: &str) -> String {
+        let next = match self.resync {
+            Some((pos, offset)) => {
+                format!("a valid batch follows at byte {pos} (offset {offset})")
+            }
+            None => "no valid batch follows in this file".to_string(),
+        };
+        format!(
+            "invalid batch at byte {} (expected offset {}): {reason}; {next}, and {} later \
+             segment(s) hold {} bytes. Cutting the log there would drop {} bytes of this file \
+             and every later segment (offsets {} and up); the files were left unchanged. \
+             Restart with --repair-corrupt-logs to truncate the partition there",
+            end.valid_end,
+            end.next_offset,
+            self.later_segments,
+            self.later_bytes,
+            self.file_len - end.valid_end,
+            end.next_offset,
+        )
+    }
+}
+
 fn remove_segments(backend: &dyn StorageBackend, dir: &Path, bases: &[i64]) -> Result<()> {
     for base in bases {
         for ext in ["log", "index"] {
@@ -154,8 +224,15 @@ fn remove_segments(backend: &dyn StorageBackend, dir: &Path, bases: &[i64]) -> R
     backend.sync_dir(dir).map_err(io(dir))
 }
 
-/// Recovers one segment; the flag says whether its tail had to be cut.
-fn recover_segment(backend: &dyn StorageBackend, dir: &Path, base: i64) -> Result<(Segment, bool)> {
+/// Recovers one segment; the flag says whether its tail had to be cut. `later` are the base
+/// offsets of the segments after it: data there means a fault here is not a torn tail.
+fn recover_segment(
+    backend: &dyn StorageBackend,
+    dir: &Path,
+    base: i64,
+    later: &[i64],
+    repair: bool,
+) -> Result<(Segment, bool)> {
     let log_path = dir.join(segment::file_name(base, "log"));
     let index_path = dir.join(segment::file_name(base, "index"));
     let log = backend.open(&log_path).map_err(io(&log_path))?;
@@ -193,11 +270,30 @@ fn recover_segment(backend: &dyn StorageBackend, dir: &Path, base: i64) -> Resul
     rewrite |= entries.len() != before;
     let cut = end.fault.is_some();
     if let Some(reason) = &end.fault {
-        tracing::warn!(
-            file = %log_path.display(), position = end.valid_end, offset = end.next_offset,
-            dropped_bytes = len - end.valid_end, %reason,
-            "truncating torn or corrupt log tail; it will not be served"
-        );
+        let damage = Damage::measure(backend, dir, (log.as_ref(), &log_path), &end, later)?;
+        if damage.is_torn_tail() {
+            tracing::warn!(
+                file = %log_path.display(), position = end.valid_end, offset = end.next_offset,
+                dropped_bytes = len - end.valid_end, %reason,
+                "truncating a torn log tail (an interrupted append); it will not be served"
+            );
+        } else if !repair {
+            return Err(StorageError::Corrupt {
+                path: log_path,
+                reason: damage.refusal(&end, reason),
+            });
+        } else {
+            tracing::error!(
+                file = %log_path.display(), position = end.valid_end, offset = end.next_offset,
+                dropped_bytes = len - end.valid_end, later_segments = later.len(),
+                later_segment_bytes = damage.later_bytes, %reason,
+                "repairing a corrupt log: truncating the partition at the damaged batch; every \
+                 offset from here on is dropped"
+            );
+            let dropped = len - end.valid_end + damage.later_bytes;
+            metrics::counter!(REPAIRED_BYTES, "file" => "segment").increment(dropped);
+            metrics::counter!(REPAIRED_RANGES, "file" => "segment").increment(1);
+        }
         metrics::counter!(RECOVERY_TRUNCATIONS).increment(1);
         log.truncate(end.valid_end).map_err(io(&log_path))?;
         log.sync().map_err(io(&log_path))?;

@@ -265,9 +265,41 @@ pub fn read_batches(
         if i64::from_be_bytes(base) >= limit_offset {
             break;
         }
+        // Clients may not check CRCs (librdkafka does not by default): a batch that fails
+        // validation is never served. The valid batches before it are; a fetch that starts at
+        // it gets an error.
+        if let Err(fault) = batch::validate_batch(&buf[cut..cut + size]) {
+            if cut > 0 {
+                break;
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "stored batch at byte {} (base offset {}) fails validation, not served: \
+                     {fault}",
+                    pos,
+                    i64::from_be_bytes(base)
+                ),
+            ));
+        }
         cut += size;
     }
     Ok(buf.slice(..cut))
+}
+
+/// Where the first valid batch with base offset `>= min_offset` starts in `tail` (bytes of a
+/// segment after a fault), if any: `(index in tail, base offset)`. Tries every byte position;
+/// positions without magic 2 or whose length runs past the end are rejected without hashing.
+pub fn resync(tail: &[u8], min_offset: i64) -> Option<(usize, i64)> {
+    (1..tail.len().saturating_sub(HEADER_LEN - 1)).find_map(|q| {
+        let rest = &tail[q..];
+        if rest[16] != 2 {
+            return None;
+        }
+        let size = batch::peek_size(rest)?.ok()?;
+        let h = batch::validate_batch(rest.get(..size)?).ok()?;
+        (h.base_offset >= min_offset).then_some((q, h.base_offset))
+    })
 }
 
 /// How a validating scan ended.

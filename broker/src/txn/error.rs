@@ -25,6 +25,10 @@ pub enum TxnError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The transaction log holds damage followed by valid records (external; the operator
+    /// decides, with `--repair-corrupt-logs`, whether to drop the damaged bytes).
+    #[error("transaction log is corrupt: {0}")]
+    CorruptLog(#[from] crate::framed_log::CorruptLog),
     /// Appending a transaction marker to a partition failed (storage is external; the
     /// coordinator retries the marker later).
     #[error("writing a transaction marker to {topic}-{partition} failed: {reason}")]

@@ -1,7 +1,9 @@
 //! The durable transaction log: an append-only file of checksummed records holding every
 //! state change of every transactional id, the producer-id allocation limit and the
 //! coordinator epoch. Each append is fsynced before the coordinator answers the client.
-//! On open the file is replayed (a torn tail from a crash is cut off) and compacted.
+//! On open the file is replayed through [`crate::framed_log`] (a torn tail from a crash is cut
+//! off; damage followed by valid records refuses the open unless repair was asked for) and
+//! compacted.
 //!
 //! Record layout (big endian): `len: u32, crc32c(payload): u32, payload[len]`, where the
 //! payload starts with a type byte: 1 = upsert metadata, 2 = remove transactional id,
@@ -14,14 +16,19 @@ use std::path::{Path, PathBuf};
 
 use super::error::{Result, TxnError};
 use super::state::{Reader, TxnMetadata};
+use crate::framed_log::{ByteOrder, Framing, ScanError};
 
 /// File name of the transaction log inside the transaction directory.
 pub const LOG_FILE: &str = "transactions.log";
 const REC_UPSERT: u8 = 1;
 const REC_REMOVE: u8 = 2;
 const REC_COORD_EPOCH: u8 = 4;
-/// Largest payload accepted on replay (guards against garbage lengths).
-const MAX_RECORD: usize = 64 << 20;
+/// The frame layout of the log (big endian header, payloads up to 64 MiB).
+const FRAMING: Framing = Framing {
+    order: ByteOrder::Big,
+    max_payload: 64 << 20,
+    kind: "transactions",
+};
 
 /// One entry of the transaction log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,11 +59,7 @@ impl LogRecord {
                 payload.extend_from_slice(&e.to_be_bytes());
             }
         }
-        let mut out = Vec::with_capacity(payload.len() + 8);
-        out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        out.extend_from_slice(&crc32c::crc32c(&payload).to_be_bytes());
-        out.extend_from_slice(&payload);
-        out
+        FRAMING.frame(&payload)
     }
 
     fn decode(payload: &[u8]) -> Option<Self> {
@@ -132,8 +135,10 @@ impl TxnLog {
     }
 
     /// Opens (creating) the log in `dir`, replays it, cuts off a torn tail, and rewrites it
-    /// compacted. Returns the log and the replayed image.
-    pub fn open(dir: &Path) -> Result<(TxnLog, LogImage)> {
+    /// compacted. Damage followed by valid records is [`TxnError::CorruptLog`] (the file is
+    /// left unchanged) unless `repair`, which drops the damaged bytes and reports them.
+    /// Returns the log and the replayed image.
+    pub fn open(dir: &Path, repair: bool) -> Result<(TxnLog, LogImage)> {
         std::fs::create_dir_all(dir).map_err(|e| TxnError::io(dir, e))?;
         let path = dir.join(LOG_FILE);
         let mut image = LogImage {
@@ -149,36 +154,23 @@ impl TxnLog {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(TxnError::io(&path, e)),
         }
-        let mut pos = 0usize;
-        let mut torn = false;
-        while pos < raw.len() {
-            let Some(head) = raw.get(pos..pos + 8) else {
-                torn = true;
-                break;
-            };
-            let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
-            let crc = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
-            let payload = match raw.get(pos + 8..pos + 8 + len) {
-                Some(p) if len <= MAX_RECORD && crc32c::crc32c(p) == crc => p,
-                _ => {
-                    torn = true;
-                    break;
-                }
-            };
-            match LogRecord::decode(payload) {
-                Some(rec) => image.apply(rec),
-                None => {
-                    return Err(TxnError::Corrupt {
-                        path,
-                        reason: format!("undecodable record at byte {pos} with a valid checksum"),
-                    })
-                }
-            }
-            pos += 8 + len;
-        }
-        if torn {
-            tracing::warn!(path = %path.display(), at = pos, size = raw.len(),
-                "transaction log has a torn tail; cutting it off");
+        let scan = FRAMING
+            .scan(&path, &raw, repair, |p| {
+                LogRecord::decode(p).ok_or_else(|| "undecodable record".to_string())
+            })
+            .map_err(|e| match e {
+                ScanError::Corrupt(c) => TxnError::CorruptLog(c),
+                ScanError::Undecodable(u) => TxnError::Corrupt {
+                    path: path.clone(),
+                    reason: format!(
+                        "undecodable record at byte {} with a valid checksum",
+                        u.position
+                    ),
+                },
+            })?;
+        FRAMING.report(&path, &scan);
+        for rec in scan.records {
+            image.apply(rec);
         }
         let mut log = TxnLog {
             path: Some(path),
@@ -246,7 +238,7 @@ mod tests {
     #[test]
     fn replays_latest_state_and_cuts_a_torn_tail() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (mut log, image) = TxnLog::open(dir.path()).expect("open");
+        let (mut log, image) = TxnLog::open(dir.path(), false).expect("open");
         assert!(image.txns.is_empty());
         let mut m = TxnMetadata::new("t", 5, 1000, 1);
         log.append(&LogRecord::CoordinatorEpoch(0)).expect("append");
@@ -264,11 +256,11 @@ mod tests {
         let mut f = OpenOptions::new().append(true).open(&path).expect("open");
         f.write_all(&[0, 0, 0, 40, 1, 2]).expect("write");
         drop(f);
-        let (_log, image) = TxnLog::open(dir.path()).expect("reopen");
+        let (_log, image) = TxnLog::open(dir.path(), false).expect("reopen");
         assert_eq!(image.txns.len(), 1);
         assert_eq!(image.txns["t"], m);
         assert_eq!(image.coordinator_epoch, 0);
-        let (_log, again) = TxnLog::open(dir.path()).expect("reopen compacted");
+        let (_log, again) = TxnLog::open(dir.path(), false).expect("reopen compacted");
         assert_eq!(again, image);
     }
 }

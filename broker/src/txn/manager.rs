@@ -39,6 +39,9 @@ pub struct TxnConfig {
     /// Test failpoint: pause between persisting PrepareCommit/PrepareAbort and writing the
     /// markers (lets crash tests kill the broker "right after PrepareCommit"). Zero normally.
     pub marker_delay: Duration,
+    /// Open a transaction log holding damage followed by valid records by dropping the
+    /// damaged bytes (reported at error level and in metrics) instead of refusing to start.
+    pub repair_corrupt_logs: bool,
 }
 
 /// Where transactional offsets live: the group coordinator's offsets store.
@@ -114,7 +117,7 @@ impl TxnManager {
     ) -> Result<Arc<Self>> {
         let root = config.data_dir.as_ref().map(|d| d.join(TXN_DIR));
         let (log, image) = match &root {
-            Some(r) => TxnLog::open(r)?,
+            Some(r) => TxnLog::open(r, config.repair_corrupt_logs)?,
             None => (
                 TxnLog::in_memory(),
                 LogImage {

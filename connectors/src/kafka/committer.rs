@@ -113,8 +113,31 @@ impl RawClient {
     }
 }
 
-fn first_bootstrap(bootstrap: &str) -> &str {
-    bootstrap.split(',').next().unwrap_or(bootstrap).trim()
+/// Connects to the first reachable server of the comma-separated `bootstrap` list, in
+/// order, as Kafka clients do: one dead broker of several must not stop a recovery commit.
+/// The error names every server tried.
+pub async fn connect_any(bootstrap: &str) -> Result<RawClient> {
+    let mut failures = Vec::new();
+    for addr in bootstrap
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+    {
+        match RawClient::connect(addr).await {
+            Ok(c) => {
+                if !failures.is_empty() {
+                    tracing::warn!(server = addr, skipped = ?failures, "bootstrap servers unreachable; using the next one");
+                }
+                return Ok(c);
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    Err(KafkaError::Protocol(if failures.is_empty() {
+        format!("no bootstrap server in {bootstrap:?}")
+    } else {
+        format!("no bootstrap server reachable: {}", failures.join("; "))
+    }))
 }
 
 /// Finds the transaction coordinator of `txn_id`: `HOST:PORT`, or the error code.
@@ -122,7 +145,7 @@ pub async fn find_txn_coordinator(
     bootstrap: &str,
     txn_id: &str,
 ) -> Result<std::result::Result<String, i16>> {
-    let mut c = RawClient::connect(first_bootstrap(bootstrap)).await?;
+    let mut c = connect_any(bootstrap).await?;
     let fc = c
         .request(
             &FindCoordinatorRequest::default()
@@ -211,7 +234,7 @@ pub async fn commit_prepared(
 /// The broker's `transaction.max.timeout.ms` from DescribeConfigs, `None` if the broker does
 /// not report it.
 pub async fn broker_max_transaction_timeout(bootstrap: &str) -> Result<Option<Duration>> {
-    let mut c = RawClient::connect(first_bootstrap(bootstrap)).await?;
+    let mut c = connect_any(bootstrap).await?;
     let key = "transaction.max.timeout.ms";
     let mut resources = Vec::new();
     for node in ["0", "1"] {

@@ -42,11 +42,10 @@ pub enum KafkaError {
     /// A pre-committed transaction of a complete checkpoint can no longer be committed.
     #[error("DATA LOSS: {0}")]
     DataLoss(String),
-    /// A transaction failed before it committed (e.g. its records timed out in the producer):
-    /// its output is aborted and nothing that counted is lost; the job stops and a restart
-    /// replays from the last committed checkpoint.
+    /// A transaction that carries its checkpoint's input offsets failed and was aborted with
+    /// them: nothing of it became visible, a restart replays its input (no loss, no retry).
     #[error("transaction aborted: {0}")]
-    TransactionAborted(String),
+    Aborted(String),
     /// The producer was fenced by another instance using the same transactional id.
     #[error("fenced: {0}")]
     Fenced(String),
@@ -71,7 +70,7 @@ impl From<KafkaError> for onceflow_runtime::Error {
     fn from(e: KafkaError) -> Self {
         match e {
             // no retry can help this run: the job stops (and restarts from its checkpoint)
-            KafkaError::Fenced(_) | KafkaError::DataLoss(_) | KafkaError::TransactionAborted(_) => {
+            KafkaError::Fenced(_) | KafkaError::DataLoss(_) | KafkaError::Aborted(_) => {
                 onceflow_runtime::Error::Fatal(e.to_string())
             }
             KafkaError::Runtime(e) => e,

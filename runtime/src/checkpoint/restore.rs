@@ -92,6 +92,9 @@ pub fn load_for_restore(
                         }
                         return Ok((Some(check(c)?), errors));
                     }
+                    // an older format is not damage: older checkpoints are no better, and
+                    // starting from scratch would silently drop the job's state
+                    Err(e @ Error::IncompatibleCheckpoint { .. }) => return Err(e),
                     Err(e) => {
                         tracing::error!(checkpoint = id, error = %e, "checkpoint does not verify, trying an older one");
                         metrics::counter!("onceflow_restore_skipped_checkpoints_total")

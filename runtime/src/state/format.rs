@@ -14,7 +14,13 @@ use crate::{Error, Result};
 /// Magic bytes at the start of every file.
 pub const MAGIC: &[u8; 4] = b"OFLW";
 /// Current snapshot format version; readers reject newer versions.
-pub const FORMAT_VERSION: u16 = 1;
+///
+/// History: 1 placed keys in key groups by FNV over the std `Hash` stream; 2 by the stable
+/// hash of [`crate::keygroup`]. A version-1 checkpoint cannot be restored by this build: its
+/// keys would land in other key groups than their state.
+pub const FORMAT_VERSION: u16 = 2;
+/// Oldest format version this build restores.
+pub const MIN_FORMAT_VERSION: u16 = 2;
 /// Size of the frame header.
 pub const HEADER_LEN: usize = 20;
 
@@ -93,6 +99,12 @@ pub fn unframe<'a>(kind: FrameKind, bytes: &'a [u8], path: &Path) -> Result<&'a 
             "unsupported format version {version} (this build reads up to {FORMAT_VERSION})"
         )));
     }
+    if version < MIN_FORMAT_VERSION {
+        return Err(Error::IncompatibleCheckpoint {
+            path: path.to_path_buf(),
+            version,
+        });
+    }
     if bytes[6] != kind as u8 {
         return Err(corrupt(format!("unexpected frame kind {}", bytes[6])));
     }
@@ -121,6 +133,28 @@ pub fn unframe<'a>(kind: FrameKind, bytes: &'a [u8], path: &Path) -> Result<&'a 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A corrupt length prefix (or a state type changed between deploys) must give an error,
+    /// never a huge allocation that aborts the process.
+    #[test]
+    fn huge_length_prefixes_are_errors_not_allocations() {
+        // varint u64 marker 253 followed by u64::MAX / 2 as the element count
+        let mut huge = vec![253u8];
+        huge.extend_from_slice(&(u64::MAX / 2).to_le_bytes());
+        huge.extend_from_slice(&[1, 2, 3]);
+        assert!(decode::<Vec<u64>>(&huge).is_err());
+        assert!(decode::<Vec<(String, Vec<u8>)>>(&huge).is_err());
+        assert!(decode::<String>(&huge).is_err());
+        assert!(decode::<Vec<u8>>(&huge).is_err());
+        assert!(decode::<std::collections::HashMap<u64, String>>(&huge).is_err());
+        // 2^33 elements: under the old 16 GiB limit for bytes, far over this input's size
+        let mut big = vec![253u8];
+        big.extend_from_slice(&(1u64 << 33).to_le_bytes());
+        big.extend_from_slice(&[0; 16]);
+        assert!(decode::<Vec<u8>>(&big).is_err());
+        assert!(decode::<Vec<u64>>(&big).is_err());
+        assert!(decode::<String>(&big).is_err());
+    }
 
     #[test]
     fn frame_round_trip_and_detects_damage() {

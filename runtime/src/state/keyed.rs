@@ -2,9 +2,9 @@
 //! handles. State restored from a checkpoint stays as bytes until first accessed with its
 //! type, so an operator only needs to know its state types when it touches them.
 
+use serde::Serialize;
 use std::any::Any;
 use std::collections::HashMap;
-use std::hash::Hash;
 
 use crate::element::{Data, Key};
 use crate::keygroup::{key_group_for, KeyGroupRange};
@@ -101,7 +101,7 @@ impl<K: Key> KeyedStateStore<K> {
 
     /// The index (relative to the range) of `key`'s key group; an error if another subtask
     /// owns it (a partitioning bug).
-    pub fn group_index<Q: Hash + ?Sized>(&self, key: &Q) -> Result<usize> {
+    pub fn group_index<Q: Serialize + ?Sized>(&self, key: &Q) -> Result<usize> {
         let kg = key_group_for(key, self.max_parallelism);
         if !self.range.contains(kg) {
             return Err(Error::Internal(format!(

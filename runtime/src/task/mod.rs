@@ -53,6 +53,10 @@ pub(crate) struct TaskServices {
     pub progress: watch::Receiver<JobProgress>,
     pub storage: Option<Arc<dyn CheckpointStorage>>,
     pub batch_size: usize,
+    /// A completion hook decides outside the runtime which checkpoints are complete (e.g. a
+    /// seal in Kafka): a failed seal may still have committed, so sinks never abort a
+    /// pre-commit on their own; the next start's recovery decides.
+    pub externally_sealed: bool,
 }
 
 /// Everything one subtask loop needs besides its inputs and outputs.

@@ -83,9 +83,9 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
             biased;
             r = progress.changed(), if progress_open => {
                 progress_open = r.is_ok();
-                // onceflow-kafka-connectors fix: `changed()` marks the value seen, so the
-                // `has_changed` check at the loop top never fired after this branch and
-                // commits waited until the end of the job. Commit here.
+                // `changed()` marks the value seen, so the `has_changed` check at the loop
+                // top does not fire after this branch: commit here, or commits would wait
+                // until the end of the job.
                 if progress_open {
                     let p = *progress.borrow_and_update();
                     fatal_only(commit_up_to(&mut sink, &mut pending, p.completed, &ctx).await)?;
@@ -128,19 +128,87 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
     let last_barrier = pending.list.last().map(|(id, _)| *id).unwrap_or(0);
     loop {
         let p = *progress.borrow_and_update();
-        if p.completed >= last_barrier {
-            return commit_up_to(&mut sink, &mut pending, p.completed, &ctx).await;
-        }
-        if p.failed || !progress_open {
-            for (id, p2) in std::mem::take(&mut pending.list) {
-                if id > p.completed {
-                    if let Err(e) = sink.abort(p2).await {
-                        tracing::warn!(checkpoint = id, error = %e, "sink abort failed");
+        match after_input_ended(
+            p.completed,
+            last_barrier,
+            p.failed || !progress_open,
+            ctx.services.externally_sealed,
+        ) {
+            AfterInputEnded::Commit => {
+                return commit_up_to(&mut sink, &mut pending, p.completed, &ctx).await;
+            }
+            AfterInputEnded::LeaveForRecovery => {
+                let left: Vec<CheckpointId> = pending.list.iter().map(|(id, _)| *id).collect();
+                if !left.is_empty() {
+                    tracing::warn!(checkpoints = ?left, "job failed after its input ended: pre-commits left for the next start's recovery");
+                }
+                return Ok(());
+            }
+            AfterInputEnded::AbortNewer => {
+                for (id, p2) in std::mem::take(&mut pending.list) {
+                    if id > p.completed {
+                        if let Err(e) = sink.abort(p2).await {
+                            tracing::warn!(checkpoint = id, error = %e, "sink abort failed");
+                        }
                     }
                 }
+                return Ok(());
             }
-            return Ok(());
+            AfterInputEnded::Wait => {}
         }
         progress_open = progress.changed().await.is_ok();
+    }
+}
+
+/// What a sink whose input ended does with its pre-commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AfterInputEnded {
+    /// The last barrier's checkpoint is complete: commit everything up to it.
+    Commit,
+    /// The job failed and this run is the authority on completeness: abort the pre-commits
+    /// of checkpoints newer than the last complete one.
+    AbortNewer,
+    /// The job failed, but a completion hook decides completeness outside the runtime (a seal
+    /// may have committed and then failed to answer): aborting could destroy the output of a
+    /// complete checkpoint, so leave every pre-commit to the next start's recovery, which
+    /// restores the checkpoint the hook's record names and commits or discards them.
+    LeaveForRecovery,
+    /// Neither yet: wait for the coordinator's next word.
+    Wait,
+}
+
+fn after_input_ended(
+    completed: CheckpointId,
+    last_barrier: CheckpointId,
+    job_failed: bool,
+    externally_sealed: bool,
+) -> AfterInputEnded {
+    if completed >= last_barrier {
+        AfterInputEnded::Commit
+    } else if !job_failed {
+        AfterInputEnded::Wait
+    } else if externally_sealed {
+        AfterInputEnded::LeaveForRecovery
+    } else {
+        AfterInputEnded::AbortNewer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sealed_job_never_aborts_on_its_own() {
+        use AfterInputEnded::*;
+        // the final checkpoint 5 is complete: commit, whoever seals
+        assert_eq!(after_input_ended(5, 5, false, true), Commit);
+        assert_eq!(after_input_ended(5, 5, true, false), Commit);
+        // not yet complete, job alive: wait
+        assert_eq!(after_input_ended(4, 5, false, true), Wait);
+        assert_eq!(after_input_ended(4, 5, false, false), Wait);
+        // the job failed before 5 completed: the runtime aborts only what it alone decides
+        assert_eq!(after_input_ended(4, 5, true, false), AbortNewer);
+        assert_eq!(after_input_ended(4, 5, true, true), LeaveForRecovery);
     }
 }

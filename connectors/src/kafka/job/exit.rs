@@ -44,9 +44,9 @@ impl KafkaError {
                     exit_code::FAILED
                 }
             }
-            KafkaError::Client { .. }
-            | KafkaError::Protocol(_)
-            | KafkaError::TransactionAborted(_) => exit_code::FAILED,
+            KafkaError::Client { .. } | KafkaError::Protocol(_) | KafkaError::Aborted(_) => {
+                exit_code::FAILED
+            }
         }
     }
 }
@@ -77,10 +77,7 @@ mod tests {
         assert_eq!(via_runtime(KafkaError::Fenced("took over".into())), 1);
         assert_eq!(via_runtime(KafkaError::DataLoss("txn aborted".into())), 3);
         assert_eq!(via_runtime(KafkaError::Protocol("eof".into())), 4);
-        assert_eq!(
-            via_runtime(KafkaError::TransactionAborted("timed out".into())),
-            4
-        );
+        assert_eq!(via_runtime(KafkaError::Aborted("timed out".into())), 4);
         assert_eq!(
             code(KafkaError::Runtime(onceflow_runtime::Error::InvalidJob(
                 "x".into()

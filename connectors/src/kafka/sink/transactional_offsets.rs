@@ -319,9 +319,10 @@ impl OffsetsWriter {
                 metrics::counter!(m::FENCING_EVENTS, "kind" => "fenced").increment(1);
                 return Err(KafkaError::Fenced(format!("checkpoint {checkpoint}: {msg}: its epoch was bumped: another instance with the same transactional id prefix took over, or the transaction outlived transaction.timeout.ms")).into());
             }
-            // the transaction cannot be trusted any more: fail the job. Nothing is lost: the
-            // group's offsets did not move, so the restart replays this checkpoint's input
-            return Err(KafkaError::TransactionAborted(format!(
+            // the transaction cannot be trusted any more: fail the job, recovery replays. Its
+            // output and the offsets that name the checkpoint commit or abort together, so
+            // nothing is lost (e.g. messages that timed out during a stall)
+            return Err(KafkaError::Aborted(format!(
                 "transactional-offsets commit of checkpoint {checkpoint} failed: {msg}; the job restarts from the group's committed offsets"
             ))
             .into());
