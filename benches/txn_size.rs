@@ -1,4 +1,4 @@
-//! Exactly-once throughput and latency per transaction size (issue 7).
+//! Exactly-once throughput and latency per transaction size.
 //!
 //! `cargo bench --bench txn_size -- --quick` (reduced grid, under 2 minutes) or without
 //! `--quick` for the full grid: a raw rdkafka transactional producer (no framework; delivery

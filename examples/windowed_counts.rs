@@ -11,47 +11,25 @@
 //! and a demo generator (event time runs 20x faster than the wall clock, so windows close
 //! every few seconds), runs for `--run-seconds` (default 20) and prints what a read_committed
 //! consumer sees. With `--brokers HOST:PORT` it runs against that cluster until stopped
-//! (SIGTERM: final checkpoint and commit, exit 0).
+//! (SIGTERM or Ctrl-C: final checkpoint and commit, exit 0). The job runs on the library's
+//! Kafka job builder ([`onceflow::job`]): the standard flags, start-up checks, takeover of a
+//! running instance and restore are the library's; this file holds the windows and the demo.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
-use onceflow::connectors::kafka::Decoder;
 use onceflow::operators::window::{AggregateFunction, WindowAssigner, WindowResult};
 use onceflow::prelude::*;
-use onceflow::runtime::{SourceWatermarks, WatermarkStrategy};
+use onceflow::runtime::WatermarkStrategy;
 use serde::{Deserialize, Serialize};
 
-/// Command line.
+/// Command line: the standard Kafka job flags, the event-time settings and the demo's.
 #[derive(Parser, Debug)]
 #[command(about = "Exactly-once windowed counts per user: 1-minute windows and 30 s sessions")]
 struct Args {
-    /// HOST:PORT of the cluster; without it an embedded broker and a demo generator start.
-    #[arg(long)]
-    brokers: Option<String>,
-    /// Input topic.
-    #[arg(long, default_value = "clicks")]
-    input: String,
-    /// Output topic (late events go to `<output>.late`).
-    #[arg(long, default_value = "click-counts")]
-    output: String,
-    /// Consumer group.
-    #[arg(long, default_value = "onceflow-windowed-counts")]
-    group: String,
-    /// Checkpoint directory (default ./onceflow-checkpoints/windowed-counts; a fresh
-    /// temporary one with the embedded broker).
-    #[arg(long)]
-    checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint interval.
-    #[arg(long, default_value_t = 1000)]
-    checkpoint_interval_ms: u64,
-    /// Parallelism of every operator.
-    #[arg(long, default_value_t = 2)]
-    parallelism: usize,
+    #[command(flatten)]
+    kafka: KafkaJobArgs,
     /// How far events may be out of order within a partition.
     #[arg(long, default_value_t = 5000)]
     out_of_orderness_ms: u64,
@@ -142,195 +120,85 @@ mod demo_support;
 use demo_support::say;
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,onceflow_runtime=info".into()),
-        )
-        .init();
-    if let Err(e) = run(Args::parse()) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
-}
-
-fn run(args: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(args.parallelism > 0, "--parallelism must be at least 1");
-    anyhow::ensure!(
-        args.checkpoint_interval_ms > 0,
-        "--checkpoint-interval-ms must be positive"
-    );
-    let helper_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    let stop_demo = Arc::new(AtomicBool::new(false));
-    let demo_support::Placement {
-        brokers,
-        embedded,
-        checkpoint_dir,
-    } = demo_support::place(
-        &helper_rt,
-        "windowed-counts",
-        args.brokers.as_ref(),
-        args.checkpoint_dir.clone(),
-    )?;
-    if embedded.is_some() {
-        say(format!(
-            "embedded broker at {brokers}; demo generator writes {} events/s to {}; checkpoints in {}",
-            args.demo_rate,
-            args.input,
-            checkpoint_dir.display()
-        ));
-        let topics = [
-            args.input.clone(),
-            args.output.clone(),
-            format!("{}.late", args.output),
-        ];
-        helper_rt.block_on(demo::create_topics(&brokers, &topics))?;
-        demo::spawn_generator(
-            brokers.clone(),
-            args.input.clone(),
-            args.demo_rate,
-            stop_demo.clone(),
-        );
-    }
+    let args = Args::parse();
+    let rate = args.demo_rate;
     let run_for = args
         .run_seconds
-        .or(embedded.as_ref().map(|_| 20))
-        .map(Duration::from_secs);
-
-    let interval = Duration::from_millis(args.checkpoint_interval_ms);
-    let config = JobConfig::new("windowed-counts")
-        .parallelism(args.parallelism)
-        .checkpoint_interval(interval)
-        .checkpoint_dir(&checkpoint_dir)
-        .restore(RestoreMode::Latest)
-        .stop_on_sigterm(true)
-        .checkpoint_listener(|ev| {
-            if let CheckpointEvent::Completed(n) = ev {
-                tracing::debug!(checkpoint = n, "checkpoint complete");
-            }
-        });
-    let env = StreamEnvironment::new(config);
-    let stop = env.stop_handle();
-
+        .or(args.kafka.brokers.is_none().then_some(20));
     // event time from the payload's `ts` (the Kafka timestamp if it does not parse),
     // watermarks per partition, idle partitions left out of the minimum
-    let decoder = Decoder::new(|m: &KafkaMessage| {
-        let click = m
-            .payload
-            .as_deref()
-            .and_then(|p| serde_json::from_slice::<Click>(p).ok());
-        Input {
-            partition: m.partition,
-            ts: click.as_ref().map(|c| c.ts).or(m.timestamp_ms).unwrap_or(0),
-            click,
-        }
-    });
-    let strategy = WatermarkStrategy::bounded_out_of_orderness(
+    let watermarks = WatermarkStrategy::bounded_out_of_orderness(
         Duration::from_millis(args.out_of_orderness_ms),
         |i: &Input| i.ts,
     )
     .with_splits(|i: &Input| i.partition.max(0) as u32)
     .with_idleness(Duration::from_millis(args.idle_timeout_ms));
-    let source = KafkaSource::new(brokers.clone(), args.input.clone(), decoder)
-        .group(args.group.clone())
-        .with_watermarks(strategy);
-    let clicks = env.source("clicks", source).flat_map(|i: Input| i.click);
-    let by_user = clicks.key_by(|c: &Click| c.user.clone());
     let lateness = Duration::from_millis(args.allowed_lateness_ms);
-    let minutes = by_user
-        .window(WindowAssigner::tumbling(Duration::from_secs(60)), |c| c.ts)
-        .allowed_lateness(lateness)
-        .aggregate("per-minute", CountSum);
-    let sessions = by_user
-        .window(WindowAssigner::session(Duration::from_secs(30)), |c| c.ts)
-        .allowed_lateness(lateness)
-        .aggregate("sessions", CountSum);
-    let late_topic = format!("{}.late", args.output);
-    let late = minutes.late_records().map(move |c: Click| {
-        let value = serde_json::to_vec(&c).unwrap_or_default();
-        SinkRecord::new(Some(c.user.into_bytes()), value).to_topic(late_topic.clone())
-    });
-    minutes
-        .results()
-        .map(to_record("minute"))
-        .union(&sessions.results().map(to_record("session")))
-        .union(&late)
-        .sink(
-            "kafka-out",
-            KafkaSink::new(
-                KafkaSinkConfig::new(brokers.clone(), args.output.clone())
-                    .transactional_id_prefix("onceflow-windowed-counts")
-                    .checkpoint_interval(interval),
-            ),
-        );
-
-    if let Some(d) = run_for {
-        std::thread::spawn(move || {
-            std::thread::sleep(d);
-            say(format!(
-                "{} s elapsed: stopping with a final checkpoint",
-                d.as_secs()
-            ));
-            stop.stop();
-        });
-    }
-    let verifier = embedded
-        .as_ref()
-        .map(|_| demo::spawn_verifier(brokers.clone(), args.output.clone(), stop_demo.clone()));
-    say("job started".to_string());
-    let result = env.execute_blocking();
-    stop_demo.store(true, Ordering::Relaxed);
-    let result = result?;
-    if let Some(v) = verifier {
-        if let Ok(s) = v.join() {
-            say(s);
-        }
-    }
-    say(format!(
-        "job stopped after {} checkpoints (restored from {:?})",
-        result.completed_checkpoints, result.restored_from
-    ));
-    if let Some(b) = embedded {
-        helper_rt.block_on(b.shutdown());
-    }
-    Ok(())
+    KafkaJob::new("windowed-counts", args.kafka)
+        .decoder(Decoder::new(decode))
+        .watermarks(watermarks)
+        .demo(move |at| demo_support::start_demo(at, rate, demo::event(), demo::Windows::default()))
+        .main(move |input, out| {
+            let by_user = input
+                .flat_map(|i: Input| i.click)
+                .key_by(|c: &Click| c.user.clone());
+            let minutes = by_user
+                .window(WindowAssigner::tumbling(Duration::from_secs(60)), |c| c.ts)
+                .allowed_lateness(lateness)
+                .aggregate("per-minute", CountSum);
+            let sessions = by_user
+                .window(WindowAssigner::session(Duration::from_secs(30)), |c| c.ts)
+                .allowed_lateness(lateness)
+                .aggregate("sessions", CountSum);
+            let late_topic = format!("{}.late", out.output_topic());
+            let late = minutes.late_records().map(move |c: Click| {
+                let value = serde_json::to_vec(&c).unwrap_or_default();
+                SinkRecord::new(Some(c.user.into_bytes()), value).to_topic(late_topic.clone())
+            });
+            let results = minutes.results().map(to_record("minute"));
+            out.sink(
+                "kafka-out",
+                &results
+                    .union(&sessions.results().map(to_record("session")))
+                    .union(&late),
+            );
+            if let Some(d) = run_for.map(Duration::from_secs) {
+                let stop = out.stop_handle();
+                std::thread::spawn(move || {
+                    std::thread::sleep(d);
+                    say(format!(
+                        "{} s elapsed: stopping with a final checkpoint",
+                        d.as_secs()
+                    ));
+                    stop.stop();
+                });
+            }
+        })
 }
 
-/// The embedded demo: an input generator and a read_committed verifier of the output.
+/// A consumed message as the job's input record.
+fn decode(m: &KafkaMessage) -> Input {
+    let click = m
+        .payload
+        .as_deref()
+        .and_then(|p| serde_json::from_slice::<Click>(p).ok());
+    Input {
+        partition: m.partition,
+        ts: click.as_ref().map(|c| c.ts).or(m.timestamp_ms).unwrap_or(0),
+        click,
+    }
+}
+
+/// The embedded demo: the input events and a tally of the read_committed output.
 mod demo {
     use super::*;
-    use demo_support::{spawn_output_reader, spawn_paced_producer, Tally};
-    use rdkafka::config::ClientConfig;
+    use crate::demo_support::Tally;
 
-    /// Creates the demo's topics (4 partitions each) so the source finds its input at once.
-    pub async fn create_topics(brokers: &str, topics: &[String]) -> anyhow::Result<()> {
-        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        use rdkafka::client::DefaultClientContext;
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .create()?;
-        let new: Vec<NewTopic<'_>> = topics
-            .iter()
-            .map(|t| NewTopic::new(t, 4, TopicReplication::Fixed(1)))
-            .collect();
-        for r in admin.create_topics(&new, &AdminOptions::new()).await? {
-            if let Err((topic, e)) = r {
-                anyhow::bail!("cannot create topic {topic}: {e}");
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes `rate` events per second until `stop`: 40 users, each active in bursts (so
-    /// sessions close), event time 20 ms apart per event (20x the wall clock at 1000/s) and
-    /// up to 2 s out of order.
-    pub fn spawn_generator(brokers: String, topic: String, rate: u64, stop: Arc<AtomicBool>) {
+    /// Event `i`: 40 users, each active in bursts (so sessions close), event time 20 ms apart
+    /// per event (20x the wall clock at 1000/s) and up to 2 s out of order.
+    pub fn event() -> impl FnMut(u64) -> (String, String) + Send + 'static {
         let base = now_ms();
-        spawn_paced_producer(brokers, topic, rate, stop, move |i| {
+        move |i| {
             let id = i as i64;
             let user = format!("user-{}", (id / 200 + id % 4) % 40);
             let ts = base + id * 20 - (id * 7919 % 100) * 20;
@@ -339,12 +207,12 @@ mod demo {
                 id % 100 - 20
             );
             (user, value)
-        });
+        }
     }
 
     /// Minute windows, sessions and windows seen twice in the output.
     #[derive(Default)]
-    struct Windows {
+    pub struct Windows {
         seen: HashSet<(String, String, i64)>,
         minutes: u64,
         sessions: u64,
@@ -374,21 +242,5 @@ mod demo {
                 self.minutes, self.events, self.sessions, self.repeats
             )
         }
-    }
-
-    /// Reads the output read_committed; reports results and windows seen twice (with no
-    /// allowed lateness every window fires exactly once, so a repeat would be a duplicate).
-    pub fn spawn_verifier(
-        brokers: String,
-        topic: String,
-        stop: Arc<AtomicBool>,
-    ) -> std::thread::JoinHandle<String> {
-        spawn_output_reader(
-            brokers,
-            topic,
-            "onceflow-windowed-counts-verifier",
-            stop,
-            Windows::default(),
-        )
     }
 }

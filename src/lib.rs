@@ -3,17 +3,21 @@
 //! This facade re-exports the public API of the workspace crates; most jobs need only
 //! `use onceflow::prelude::*`.
 
+#[cfg(feature = "embedded-broker")]
 pub use onceflow_broker as broker;
 pub use onceflow_connectors as connectors;
 pub use onceflow_operators as operators;
 pub use onceflow_runtime as runtime;
 
+/// The Kafka job builder: start-up checks, takeover, restore, standard flags, exit codes.
+pub use onceflow_connectors::kafka::job;
+
 /// Everything a typical job uses: the environment, configuration, operator traits and the
 /// built-in connectors.
 pub mod prelude {
     pub use onceflow_connectors::kafka::{
-        committed_checkpoint, CheckpointSeal, DeliveryMode, KafkaMessage, KafkaSink,
-        KafkaSinkConfig, KafkaSource, OffsetsLink, SinkRecord,
+        Decoder, DeliveryMode, KafkaJob, KafkaJobArgs, KafkaMessage, KafkaOutputs, KafkaSink,
+        KafkaSinkConfig, KafkaSource, SinkRecord,
     };
     pub use onceflow_connectors::{CollectSink, FileSink, FileSinkMode, Generator, MemorySource};
     pub use onceflow_operators::{

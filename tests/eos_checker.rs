@@ -1,4 +1,4 @@
-//! The exactly-once checker of the issue 5 tests, on synthetic output: it must accept an exact
+//! The exactly-once checker of the end-to-end tests, on synthetic output: it must accept an exact
 //! output and report duplicates, losses, wrong totals and DLQ mistakes (so the end-to-end
 //! tests can fail).
 

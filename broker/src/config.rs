@@ -24,10 +24,10 @@ pub struct BrokerConfig {
     pub max_request_bytes: usize,
     /// Serve Prometheus text metrics over HTTP on this address.
     pub metrics_listen: Option<SocketAddr>,
-    /// onceflow-txn (broker-txn helper): transaction coordinator limits
+    /// Transaction coordinator limits
     /// (`--max-transaction-timeout-ms`, `--transactional-id-expiration-ms`).
     pub transactions: crate::txn::CoordinatorConfig,
-    /// onceflow-txn: test failpoint, pause (ms) between PrepareCommit/PrepareAbort and the
+    /// Test failpoint: pause (ms) between PrepareCommit/PrepareAbort and the
     /// markers. 0 in production.
     pub txn_marker_delay_ms: u64,
     /// Start even if a durable file holds damage followed by valid data: drop the damaged

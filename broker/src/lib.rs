@@ -6,7 +6,12 @@
 //! - [`codec`]: length-prefixed frames, request headers, response encoding, with
 //!   [`request_guard`] refusing array counts a frame cannot hold before decoding;
 //! - [`handlers`]: one module per Kafka API, dispatched from the advertised version table;
-//! - [`storage`]: per-partition logs (durable or in-memory), idempotent-producer state.
+//! - [`txn`]: the transaction coordinator (durable transaction log, markers, timeouts) and
+//!   the produce guard of transactional batches;
+//! - [`group`]: classic consumer groups and their durable offsets, transactional offsets
+//!   staged until the marker;
+//! - [`storage`]: per-partition logs (durable or in-memory), idempotent-producer state, the
+//!   last stable offset and the aborted-transaction index.
 //!
 //! ```no_run
 //! # async fn demo() -> onceflow_broker::Result<()> {
@@ -31,7 +36,7 @@ pub mod request_guard;
 pub mod server;
 pub mod state;
 pub mod storage;
-pub mod txn; // onceflow-txn (broker-txn helper)
+pub mod txn;
 
 pub use config::BrokerConfig;
 pub use error::{BrokerError, Result};

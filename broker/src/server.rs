@@ -174,7 +174,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         source: std::io::Error::other(e.to_string()),
     })??;
 
-    // onceflow-txn (broker-txn helper): open the transaction layer (replays the transaction
+    // open the transaction layer (replays the transaction
     // log and completes prepared transactions) before serving.
     let producer_ids = Arc::new(producer_ids);
     let txn = {
@@ -197,7 +197,6 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
                 source: std::io::Error::other(e.to_string()),
             })?
     };
-    // onceflow-txn END
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let metrics_addr = match config.metrics_listen {
         Some(addr) => Some(metrics::serve(addr, shutdown_rx.clone()).await?),
@@ -221,7 +220,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         groups: Arc::new(groups),
         shutdown: shutdown_rx.clone(),
     });
-    // onceflow-txn (broker-txn helper): markers wake long-polling fetches and apply group
+    // markers wake long-polling fetches and apply group
     // offsets; timeouts/expiry.
     {
         state

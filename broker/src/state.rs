@@ -33,8 +33,7 @@ pub struct BrokerState {
     /// Producer ids for InitProducerId, never reused across restarts (shared with the
     /// transaction coordinator: `Arc` added by the broker-txn helper).
     pub producer_ids: Arc<ProducerIdAllocator>,
-    /// onceflow-txn (broker-txn helper): the transaction coordinator and partition
-    /// transaction layer.
+    /// The transaction coordinator and the partitions' transaction layer.
     pub txn: Arc<crate::txn::TxnManager>,
     /// The consumer group coordinator and group offsets store.
     pub groups: Arc<crate::group::GroupCoordinator>,

@@ -395,7 +395,7 @@ fn torn_tail_is_truncated_and_never_served() -> Result<()> {
                 "after {kind}: offset {i} holds {r:?}"
             );
         }
-        // Recovery says what it dropped (issue: "truncated on recovery with a log line").
+        // Recovery says what it dropped: a log line names the truncation.
         let log = broker.log_tail(100_000).to_lowercase();
         ensure!(
             log.contains("trunc") || log.contains("torn"),

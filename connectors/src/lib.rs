@@ -1,5 +1,7 @@
-//! Connectors of onceflow: the generator and replayable in-memory sources, the collecting sink
-//! and the exactly-once file sink (Kafka connectors join them later).
+//! Connectors of onceflow: the generator and replayable in-memory sources, the collecting sink,
+//! the exactly-once file sink, and in [`kafka`] the read_committed Kafka source, the
+//! transactional Kafka sink and the Kafka job builder ([`kafka::KafkaJob`]), which owns the
+//! start-up protocol that makes a Kafka -> Kafka job exactly-once.
 
 mod collect;
 mod discard;

@@ -124,48 +124,40 @@ pub fn spawn_output_reader(
     })
 }
 
-/// Where a job runs: the cluster's bootstrap servers, the embedded broker (demo mode) and the
-/// checkpoint directory.
-pub struct Placement {
-    /// Bootstrap servers.
-    pub brokers: String,
-    /// The embedded broker, if one was started (shut it down at the end).
-    pub embedded: Option<onceflow::broker::BrokerHandle>,
-    /// Checkpoint directory.
-    pub checkpoint_dir: std::path::PathBuf,
-}
-
-/// With `brokers`, that cluster and `checkpoint_dir` (default `./onceflow-checkpoints/<job>`);
-/// without, an embedded in-memory broker (4 partitions per topic) on `rt` and a fresh
-/// temporary checkpoint directory unless one is given.
-pub fn place(
-    rt: &tokio::runtime::Runtime,
-    job: &str,
-    brokers: Option<&String>,
-    checkpoint_dir: Option<std::path::PathBuf>,
-) -> anyhow::Result<Placement> {
-    if let Some(b) = brokers {
-        return Ok(Placement {
-            brokers: b.clone(),
-            embedded: None,
-            checkpoint_dir: checkpoint_dir
-                .unwrap_or_else(|| std::path::PathBuf::from("./onceflow-checkpoints").join(job)),
-        });
+/// The demo of an example on the embedded broker: a generator writing `rate` records per
+/// second (`make(i) = (key, value)`) to the input and a read_committed reader of the output
+/// feeding `tally`. Returns what the job runs after it stopped: stop the generator, wait for
+/// the reader to go quiet and print its final summary.
+pub fn start_demo(
+    at: &onceflow::job::JobPlacement,
+    rate: u64,
+    make: impl FnMut(u64) -> (String, String) + Send + 'static,
+    tally: impl Tally,
+) -> impl FnOnce() {
+    say(format!(
+        "demo generator writes {rate} records/s to {}",
+        at.input
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    spawn_paced_producer(
+        at.brokers.clone(),
+        at.input.clone(),
+        rate,
+        stop.clone(),
+        make,
+    );
+    let group = format!("{}-demo-reader", at.output);
+    let reader = spawn_output_reader(
+        at.brokers.clone(),
+        at.output.clone(),
+        &group,
+        stop.clone(),
+        tally,
+    );
+    move || {
+        stop.store(true, Ordering::Relaxed);
+        if let Ok(summary) = reader.join() {
+            say(summary);
+        }
     }
-    let cfg = onceflow::broker::BrokerConfig {
-        default_partitions: 4,
-        ..Default::default()
-    };
-    let broker = rt.block_on(onceflow::broker::start(cfg))?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
-    Ok(Placement {
-        brokers: broker.bootstrap_servers(),
-        embedded: Some(broker),
-        checkpoint_dir: checkpoint_dir.unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("onceflow-{job}-{}-{stamp}", std::process::id()))
-        }),
-    })
 }

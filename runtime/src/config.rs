@@ -70,7 +70,8 @@ pub struct JobConfig {
     pub channel_capacity: usize,
     /// Maximum records per batch on a channel.
     pub batch_size: usize,
-    /// Stop with a final checkpoint when the process receives SIGTERM.
+    /// Stop with a final checkpoint when the process receives SIGTERM or SIGINT (Ctrl-C); a
+    /// second SIGINT exits at once.
     pub stop_on_sigterm: bool,
     /// Tokio worker threads for [`crate::StreamEnvironment::execute_blocking`] (0 = number of cores).
     pub worker_threads: usize,
@@ -160,7 +161,8 @@ impl JobConfig {
         self
     }
 
-    /// Stop with a final checkpoint on SIGTERM.
+    /// Stop with a final checkpoint on SIGTERM or SIGINT (Ctrl-C); a second SIGINT exits at
+    /// once.
     pub fn stop_on_sigterm(mut self, yes: bool) -> Self {
         self.stop_on_sigterm = yes;
         self

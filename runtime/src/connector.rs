@@ -66,6 +66,15 @@ pub trait Source<T>: Send + 'static {
         None
     }
 
+    /// (event time) The splits this subtask reads (e.g. its Kafka partitions), known before
+    /// their first record. A per-split watermark strategy holds the watermark back for each
+    /// of them from the start (until it is idle), so records of a split that is read later
+    /// than the others (a backlog after a restore) are not late. Empty by default: a split
+    /// becomes known with its first record.
+    fn splits(&self) -> Vec<u32> {
+        Vec::new()
+    }
+
     /// (event time) Whether every split of this subtask is idle, so downstream operators
     /// should leave it out of their watermark minimum. `false` by default.
     fn is_idle(&mut self) -> bool {

@@ -60,6 +60,34 @@ fn restored_for(
     Some(r)
 }
 
+/// SIGTERM and SIGINT (Ctrl-C) stop the job with a final checkpoint; a second SIGINT exits
+/// the process at once (exit code 130, as a shell reports an interrupted program), for when
+/// the final checkpoint cannot finish (e.g. the external system is down).
+fn spawn_stop_on_signals(stop: Arc<watch::Sender<bool>>) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let install = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|e| Error::Internal(format!("cannot install {name} handler: {e}")))
+    };
+    let mut term = install(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = install(SignalKind::interrupt(), "SIGINT")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            Some(()) = term.recv() => {
+                tracing::info!("SIGTERM: stopping with a final checkpoint");
+            }
+            Some(()) = int.recv() => {
+                tracing::info!("SIGINT: stopping with a final checkpoint (press Ctrl-C again to exit at once)");
+            }
+        }
+        stop.send_replace(true);
+        if int.recv().await.is_some() {
+            eprintln!("second SIGINT: exiting at once, without a final checkpoint");
+            std::process::exit(130);
+        }
+    });
+    Ok(())
+}
+
 impl StreamEnvironment {
     /// Runs the job on a new tokio runtime and blocks until it ends.
     pub fn execute_blocking(self) -> Result<JobResult> {
@@ -215,15 +243,7 @@ impl StreamEnvironment {
             next_id: first_id,
         };
         if config.stop_on_sigterm {
-            let stop = self.stop.clone();
-            let mut sig = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .map_err(|e| Error::Internal(format!("cannot install SIGTERM handler: {e}")))?;
-            tokio::spawn(async move {
-                if sig.recv().await.is_some() {
-                    tracing::info!("SIGTERM: stopping with a final checkpoint");
-                    stop.send_replace(true);
-                }
-            });
+            spawn_stop_on_signals(self.stop.clone())?;
         }
 
         let mut tasks = JoinSet::new();

@@ -105,7 +105,9 @@ impl<T> WatermarkStrategy<T> {
     }
 
     /// Tracks a watermark per split (e.g. Kafka partition) named by `split(record)`; the
-    /// source's watermark is the minimum over its active splits.
+    /// source's watermark is the minimum over its active splits. Splits the source declares
+    /// ([`crate::Source::splits`], e.g. the Kafka source's partition numbers) count from the
+    /// start, so `split` must name them the same way (for Kafka: the partition).
     pub fn with_splits(mut self, split: impl Fn(&T) -> u32 + Send + Sync + 'static) -> Self {
         self.split = Some(Arc::new(split));
         self
@@ -265,10 +267,19 @@ impl<T: Send + 'static, F: SourceFactory<T>> SourceFactory<T> for WatermarkedSou
     type Source = WatermarkedSource<F::Source, T>;
 
     fn create(&self, info: &SubtaskInfo) -> Result<Self::Source> {
+        let inner = self.inner.create(info)?;
+        let mut tracker = self.strategy.tracker();
+        if self.strategy.split.is_some() {
+            // the source's splits hold the watermark back before their first record
+            let now = Instant::now();
+            for split in inner.splits() {
+                tracker.register_split(split, now);
+            }
+        }
         Ok(WatermarkedSource {
-            inner: self.inner.create(info)?,
+            inner,
             strategy: self.strategy.clone(),
-            tracker: self.strategy.tracker(),
+            tracker,
         })
     }
 }
@@ -332,5 +343,48 @@ mod tests {
         assert_eq!(t.current(t1), Some(Watermark(9)));
         assert!(!t.all_idle(t1));
         assert!(t.all_idle(t1 + Duration::from_secs(1)));
+    }
+
+    /// A source of two splits; every record comes from split 0.
+    struct TwoSplits;
+
+    #[crate::async_trait]
+    impl Source<(u32, i64)> for TwoSplits {
+        type Position = ();
+        fn restore(&mut self, _: Vec<()>) -> Result<()> {
+            Ok(())
+        }
+        async fn poll(&mut self, out: &mut Vec<(u32, i64)>, _max: usize) -> Result<SourcePoll> {
+            out.push((0, 1_000));
+            Ok(SourcePoll::Ready)
+        }
+        fn snapshot_position(&mut self, _: CheckpointId) -> Result<()> {
+            Ok(())
+        }
+        fn splits(&self) -> Vec<u32> {
+            vec![0, 1]
+        }
+    }
+
+    #[tokio::test]
+    async fn declared_splits_hold_the_watermark_back_before_their_first_record() {
+        let strategy =
+            WatermarkStrategy::bounded_out_of_orderness(Duration::ZERO, |r: &(u32, i64)| r.1)
+                .with_splits(|r| r.0);
+        let factory = (|_: &SubtaskInfo| Ok(TwoSplits)).with_watermarks(strategy);
+        let info = SubtaskInfo {
+            job_name: "j".into(),
+            operator: "src".into(),
+            node_uid: "src".into(),
+            index: 0,
+            parallelism: 1,
+            max_parallelism: 128,
+            restored_checkpoint: 0,
+        };
+        let mut source = factory.create(&info).unwrap();
+        let mut out = Vec::new();
+        source.poll(&mut out, 10).await.unwrap();
+        // split 1 was declared but has not delivered a record: no watermark yet
+        assert_eq!(source.current_watermark(), None);
     }
 }

@@ -1,10 +1,10 @@
-//! Harness of the exactly-once tests (issue 5): the broker and the example job
+//! Harness of the exactly-once tests: the broker and the example job
 //! `examples/exactly_once_etl` run as child processes over TCP on 127.0.0.1, the input is
 //! produced with rdkafka, and the output is checked record by record with a read_committed
 //! consumer.
 //!
 //! Environment knobs: `ONCEFLOW_EOS_RECORDS` (input records of the kill -9 runs; default
-//! 200000 as the issue asks), `ONCEFLOW_EOS_SEED` (random kill moments and data; printed by
+//! 200000), `ONCEFLOW_EOS_SEED` (random kill moments and data; printed by
 //! every test), `ONCEFLOW_EOS_KILLS` (SIGKILLs per kill -9 run, default 10),
 //! `ONCEFLOW_EOS_VERBOSE` (echo children's stdout), `ONCEFLOW_EOS_JOB_LOG` /
 //! `ONCEFLOW_EOS_BROKER_LOG` (RUST_LOG of the children; logs stay in the test's temp dir

@@ -52,7 +52,6 @@ struct Args {
     /// file makes the broker refuse to start with an error naming the file and position.
     #[arg(long)]
     repair_corrupt_logs: bool,
-    // onceflow-txn (broker-txn helper): transaction flags.
     /// Largest transaction.timeout.ms a producer may ask for (INVALID_TRANSACTION_TIMEOUT above).
     #[arg(long, default_value_t = 900_000, value_parser = clap::value_parser!(i32).range(1..))]
     max_transaction_timeout_ms: i32,

@@ -1,6 +1,6 @@
-//! InitProducerId without a transactional id: a fresh producer id with epoch 0, as Kafka does
-//! for idempotent producers. Transactional ids are refused until the transaction coordinator
-//! exists (issue 3).
+//! InitProducerId: without a transactional id a fresh producer id with epoch 0, as Kafka does
+//! for idempotent producers; a transactional id goes to the transaction coordinator (epoch
+//! bump, abort of its open transaction, fencing of the previous producer).
 
 use std::sync::Arc;
 
@@ -24,7 +24,7 @@ pub async fn handle(
             .with_producer_id(ProducerId(-1))
             .with_producer_epoch(-1)
     };
-    // onceflow-txn (broker-txn helper): transactional ids go to the transaction coordinator.
+    // transactional ids go to the transaction coordinator
     if let Some(txn_id) = req.transactional_id.as_ref().filter(|t| !t.0.is_empty()) {
         let txn_id = txn_id.0.to_string();
         let expected = (_ctx.version >= 3 && req.producer_id.0 >= 0)
@@ -50,7 +50,6 @@ pub async fn handle(
             }
         };
     }
-    // onceflow-txn END
     let allocator = Arc::clone(state);
     let allocated = if state.is_durable() {
         tokio::task::spawn_blocking(move || allocator.producer_ids.allocate())

@@ -1,17 +1,14 @@
 //! Request dispatch: checks the advertised version table, decodes the body, runs the API's
 //! handler (one module per API) and encodes the response frame.
 
-// onceflow-txn (broker-txn helper): transaction APIs.
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
-pub mod end_txn;
-pub mod txn_offset_commit;
-// onceflow-txn END
 pub mod api_versions;
 pub mod create_topics;
 pub mod delete_topics;
 pub mod describe_configs;
 pub mod describe_groups;
+pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
@@ -26,13 +23,14 @@ pub mod offset_fetch;
 pub mod produce;
 pub mod sync_group;
 pub mod topic_configs;
+pub mod txn_offset_commit;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
     AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
-}; // onceflow-txn
+};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
@@ -191,7 +189,7 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: DescribeConfigsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &describe_configs::handle(state, &ctx, req))?)
         }
-        // onceflow-txn (broker-txn helper): transaction APIs.
+        // transaction APIs
         ApiKey::AddPartitionsToTxn => {
             let req: AddPartitionsToTxnRequest = decode(&ctx, body)?;
             Some(encode(
@@ -217,7 +215,6 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
                 &txn_offset_commit::handle(state, &ctx, req).await,
             )?)
         }
-        // onceflow-txn END
         ApiKey::FindCoordinator => {
             let req: FindCoordinatorRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &find_coordinator::handle(state, &ctx, req))?)
@@ -287,7 +284,6 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::DeleteTopics => "DeleteTopics",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DescribeConfigs => "DescribeConfigs",
-        // onceflow-txn (broker-txn helper)
         ApiKey::AddPartitionsToTxn => "AddPartitionsToTxn",
         ApiKey::AddOffsetsToTxn => "AddOffsetsToTxn",
         ApiKey::EndTxn => "EndTxn",

@@ -80,7 +80,7 @@ pub async fn handle(
     } else {
         targets
             .into_iter()
-            // onceflow-txn (broker-txn helper): through the transaction layer.
+            // through the transaction layer, which checks transactional batches
             .map(|job| job.map(|(partition, records)| state.txn.append(&partition, records)))
             .collect()
     };
@@ -112,7 +112,7 @@ pub async fn handle(
                 }
                 Ok(outcome)
             }
-            // onceflow-txn (broker-txn helper): refusals of the transaction layer.
+            // refusals of the transaction layer
             (Ok(_), Some(Err(TxnProduceError::Append(e)))) => {
                 Err(map_append_error(ctx.version, &e))
             }
@@ -155,7 +155,7 @@ pub async fn handle(
     ProduceResponse::default().with_responses(responses)
 }
 
-// onceflow-txn (broker-txn helper): appends go through the transaction layer, which checks
+// Appends go through the transaction layer, which checks
 // transactional batches against the coordinator and records their first offsets.
 type AppendResult = Result<AppendOutcome, TxnProduceError>;
 
@@ -180,7 +180,7 @@ async fn append_in_parallel(
     let tasks: Vec<_> = groups
         .into_iter()
         .map(|(partition, group)| {
-            let state = Arc::clone(state); // onceflow-txn
+            let state = Arc::clone(state);
             tokio::task::spawn_blocking(move || {
                 let results = group
                     .into_iter()

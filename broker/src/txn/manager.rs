@@ -487,7 +487,7 @@ impl TxnManager {
                 let m = me.clone();
                 let res = tokio::task::spawn_blocking(move || {
                     m.tick()?;
-                    if n % 10 == 0 {
+                    if n.is_multiple_of(10) {
                         m.record_lso_lag();
                     }
                     Ok::<(), TxnError>(())

@@ -4,6 +4,7 @@
 
 pub mod committer;
 pub mod config;
+pub mod job;
 pub mod json;
 pub mod metrics;
 pub mod registry;
@@ -11,6 +12,7 @@ pub mod sink;
 pub mod source;
 
 pub use config::{validate_transaction_timeout, DeliveryMode, KafkaSinkConfig};
+pub use job::{exit_code, JobPlacement, JobSummary, KafkaJob, KafkaJobArgs, KafkaOutputs};
 pub use json::{Decoder, KafkaMessage};
 pub use registry::PrefixClaim;
 pub use sink::{
@@ -47,6 +49,9 @@ pub enum KafkaError {
     /// The producer was fenced by another instance using the same transactional id.
     #[error("fenced: {0}")]
     Fenced(String),
+    /// The job failed in the runtime (a Kafka job run by [`KafkaJob`]).
+    #[error(transparent)]
+    Runtime(#[from] onceflow_runtime::Error),
 }
 
 /// Result type of the Kafka connectors.
@@ -68,6 +73,7 @@ impl From<KafkaError> for onceflow_runtime::Error {
             KafkaError::Fenced(_) | KafkaError::DataLoss(_) | KafkaError::Aborted(_) => {
                 onceflow_runtime::Error::Fatal(e.to_string())
             }
+            KafkaError::Runtime(e) => e,
             _ => onceflow_runtime::Error::Connector(e.to_string()),
         }
     }

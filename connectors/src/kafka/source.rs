@@ -299,6 +299,10 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
         Ok(())
     }
 
+    fn splits(&self) -> Vec<u32> {
+        self.partitions.iter().map(|p| *p as u32).collect()
+    }
+
     async fn poll(&mut self, out: &mut Vec<T>, max: usize) -> onceflow_runtime::Result<SourcePoll> {
         if !self.assigned {
             self.assign()?;

@@ -1,0 +1,177 @@
+//! The standard command line of a Kafka job: the runtime's flags ([`JobArgs`]) and the Kafka
+//! flags in one clap struct that a job flattens into its own parser.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use onceflow_runtime::JobArgs;
+
+use crate::kafka::{DeliveryMode, KafkaError, Result};
+
+/// Flags every Kafka job binary understands (`#[command(flatten)] kafka: KafkaJobArgs`).
+///
+/// Topic, group and prefix defaults derive from the job's name `N`: input `N-input`, output
+/// `N-output`, group and transactional id prefix `onceflow-N`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KafkaJobArgs {
+    /// HOST:PORT of the cluster; without it the job starts the bundled broker in-process
+    /// (when built with the `embedded-broker` feature).
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Input topic (default `<job>-input`).
+    #[arg(long)]
+    pub input: Option<String>,
+    /// Output topic (default `<job>-output`; dead letters go to `<output>.dlq`).
+    #[arg(long)]
+    pub output: Option<String>,
+    /// Consumer group (default `onceflow-<job>`).
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Delivery mode: two-phase-commit | transactional-offsets | at-least-once | none.
+    #[arg(long, default_value = "two-phase-commit", value_parser = parse_mode)]
+    pub mode: DeliveryMode,
+    /// Prefix of the transactional ids, unique per job (default `onceflow-<job>`).
+    #[arg(long)]
+    pub transactional_id_prefix: Option<String>,
+    /// transaction.timeout.ms; must exceed checkpoint interval + recovery allowance and not
+    /// exceed the broker's transaction.max.timeout.ms.
+    #[arg(long, default_value_t = 60_000)]
+    pub transaction_timeout_ms: u64,
+    /// Time a restart may take before the recovery commit.
+    #[arg(long, default_value_t = 30_000)]
+    pub recovery_allowance_ms: u64,
+    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Stop (final checkpoint + commit, exit 0) once this many records were processed.
+    #[arg(long)]
+    pub max_records: Option<u64>,
+    /// Stop like SIGTERM once no input arrived for this many ms.
+    #[arg(long)]
+    pub exit_when_idle_ms: Option<u64>,
+    /// The runtime's flags: parallelism, checkpoint directory and interval, retention,
+    /// restore (`--restore` applies to at-least-once and none: the exactly-once modes restore
+    /// the checkpoint the group's committed offsets name).
+    #[command(flatten)]
+    pub runtime: JobArgs,
+}
+
+fn parse_mode(s: &str) -> std::result::Result<DeliveryMode, String> {
+    s.parse().map_err(|e: KafkaError| e.to_string())
+}
+
+/// The checked settings of one run, derived from [`KafkaJobArgs`] and the job's name.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub mode: DeliveryMode,
+    pub input: String,
+    pub output: String,
+    pub group: String,
+    pub prefix: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub allowance: Duration,
+    pub parallelism: usize,
+}
+
+impl KafkaJobArgs {
+    /// Checks the flags that need no broker (the transaction timeout against the checkpoint
+    /// interval and the recovery allowance included) and fills in the defaults for `job`.
+    pub(crate) fn settings(&self, job: &str) -> Result<Settings> {
+        let rt = &self.runtime;
+        if rt.parallelism == 0 {
+            return Err(KafkaError::Config(
+                "--parallelism must be at least 1".into(),
+            ));
+        }
+        if rt.checkpoint_interval_ms == 0 {
+            return Err(KafkaError::Config(
+                "--checkpoint-interval-ms must be positive: a Kafka job commits its output at checkpoints".into(),
+            ));
+        }
+        if self.mode.is_transactional() && rt.restore.is_some() {
+            return Err(KafkaError::Config(format!(
+                "--restore does not apply to --mode {}: the group's committed offsets name the checkpoint to restore (start over with a new --group and a new output topic instead)",
+                mode_name(self.mode)
+            )));
+        }
+        let s = Settings {
+            mode: self.mode,
+            input: self.input.clone().unwrap_or_else(|| format!("{job}-input")),
+            output: self
+                .output
+                .clone()
+                .unwrap_or_else(|| format!("{job}-output")),
+            group: self
+                .group
+                .clone()
+                .unwrap_or_else(|| format!("onceflow-{job}")),
+            prefix: self
+                .transactional_id_prefix
+                .clone()
+                .unwrap_or_else(|| format!("onceflow-{job}")),
+            interval: Duration::from_millis(rt.checkpoint_interval_ms),
+            timeout: Duration::from_millis(self.transaction_timeout_ms),
+            allowance: Duration::from_millis(self.recovery_allowance_ms),
+            parallelism: rt.parallelism,
+        };
+        if s.mode.is_transactional() {
+            crate::kafka::validate_transaction_timeout(s.timeout, s.interval, s.allowance, None)?;
+        }
+        Ok(s)
+    }
+}
+
+/// The flag value of a mode.
+pub(crate) fn mode_name(mode: DeliveryMode) -> &'static str {
+    match mode {
+        DeliveryMode::TwoPhaseCommit => "two-phase-commit",
+        DeliveryMode::TransactionalOffsets => "transactional-offsets",
+        DeliveryMode::AtLeastOnce => "at-least-once",
+        DeliveryMode::None => "none",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        kafka: KafkaJobArgs,
+    }
+
+    #[test]
+    fn defaults_derive_from_the_job_name() {
+        let cli = Cli::parse_from(["job", "--parallelism", "3"]);
+        let s = cli.kafka.settings("etl").unwrap();
+        assert_eq!(s.input, "etl-input");
+        assert_eq!(s.output, "etl-output");
+        assert_eq!(s.group, "onceflow-etl");
+        assert_eq!(s.prefix, "onceflow-etl");
+        assert_eq!(s.parallelism, 3);
+        assert_eq!(s.mode, DeliveryMode::TwoPhaseCommit);
+    }
+
+    #[test]
+    fn bad_flags_are_configuration_errors() {
+        assert!(Cli::try_parse_from(["job", "--mode", "maybe"]).is_err());
+        let refused = |args: &[&str]| {
+            let cli = Cli::parse_from(args);
+            matches!(cli.kafka.settings("j"), Err(KafkaError::Config(_)))
+        };
+        assert!(refused(&["job", "--parallelism", "0"]));
+        assert!(refused(&["job", "--checkpoint-interval-ms", "0"]));
+        assert!(refused(&["job", "--transaction-timeout-ms", "5000"]));
+        assert!(refused(&["job", "--restore", "latest"]));
+        assert!(!refused(&[
+            "job",
+            "--mode",
+            "at-least-once",
+            "--restore",
+            "latest"
+        ]));
+    }
+}

@@ -1,0 +1,156 @@
+//! The sinks of a Kafka job ([`KafkaOutputs`]) and the counters behind its stdout lines:
+//! `job started` once every sink subtask recovered, `checkpoint N committed` once every sink
+//! subtask committed N.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use onceflow_runtime::{CheckpointId, CompletionHook, DataStream, StopHandle};
+
+use super::args::{mode_name, Settings};
+use super::{failpoint, say};
+use crate::kafka::{
+    CheckpointSeal, DeliveryMode, KafkaError, KafkaSink, KafkaSinkConfig, OffsetsLink, SinkRecord,
+};
+
+/// Counters shared by the source, the sinks and the watcher.
+#[derive(Default)]
+pub(crate) struct Progress {
+    /// Records read from the input.
+    pub(crate) processed: AtomicU64,
+    /// Sink subtasks of the job (known once the pipeline is built).
+    sink_subtasks: AtomicUsize,
+    /// Sink subtasks that recovered (`job started` once all did).
+    recovered: AtomicUsize,
+    /// Sink subtasks that committed each checkpoint (`checkpoint N committed` once all did).
+    committed: Mutex<HashMap<CheckpointId, usize>>,
+}
+
+/// The sinks of a job: every sink writes in the job's delivery mode with the job's
+/// transactional id prefix, transaction timeout and checkpoint interval.
+pub struct KafkaOutputs {
+    cfg: KafkaSinkConfig,
+    link: Option<OffsetsLink>,
+    settings: Settings,
+    sinks: usize,
+    progress: Arc<Progress>,
+    error: Option<KafkaError>,
+    stop: StopHandle,
+}
+
+impl KafkaOutputs {
+    /// Sinks writing with `cfg` (the output topic, mode, prefix and timeouts of the job).
+    pub(crate) fn new(
+        cfg: KafkaSinkConfig,
+        link: Option<OffsetsLink>,
+        settings: Settings,
+        progress: Arc<Progress>,
+        stop: StopHandle,
+    ) -> Self {
+        KafkaOutputs {
+            cfg,
+            link,
+            settings,
+            sinks: 0,
+            progress,
+            error: None,
+            stop,
+        }
+    }
+
+    /// After the pipeline was built: the first misuse of a sink, or none at all.
+    pub(crate) fn check(&mut self, job: &str) -> crate::kafka::Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        if self.sinks == 0 {
+            return Err(KafkaError::Config(format!(
+                "job {job}: the pipeline adds no Kafka sink (call KafkaOutputs::sink)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The output topic (`--output`).
+    pub fn output_topic(&self) -> &str {
+        &self.settings.output
+    }
+
+    /// The dead-letter topic, `<output>.dlq`: send a record there with
+    /// `SinkRecord::to_topic`; it is written in the same transactions as the output.
+    pub fn dead_letter_topic(&self) -> String {
+        format!("{}.dlq", self.settings.output)
+    }
+
+    /// Stops the job with a final checkpoint (like SIGTERM) when called.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// Writes `records` to the output topic (a record with a topic goes to that topic).
+    pub fn sink(&mut self, name: &str, records: &DataStream<SinkRecord>) {
+        let topic = self.settings.output.clone();
+        self.sink_to(name, records, &topic);
+    }
+
+    /// Writes `records` to `topic` (a record with a topic goes to that topic). In
+    /// transactional-offsets mode a job has one sink (the input offsets commit with its
+    /// transactions); write further topics through `SinkRecord::to_topic`.
+    pub fn sink_to(&mut self, name: &str, records: &DataStream<SinkRecord>, topic: &str) {
+        if self.sinks > 0 && self.settings.mode == DeliveryMode::TransactionalOffsets {
+            self.error.get_or_insert(KafkaError::Config(format!(
+                "sink `{name}`: --mode {} commits the input offsets with the transactions of one sink; write further topics from that sink with SinkRecord::to_topic",
+                mode_name(self.settings.mode)
+            )));
+            return;
+        }
+        let mut cfg = self.cfg.clone();
+        cfg.default_topic = topic.to_string();
+        if self.sinks > 0 {
+            // every two-phase-commit sink has its own ring of transactional ids
+            cfg.transactional_id_prefix = format!("{}-{name}", self.settings.prefix);
+        }
+        let p = self.settings.parallelism;
+        self.sinks += 1;
+        self.progress.sink_subtasks.fetch_add(p, Ordering::SeqCst);
+        let (on_commit, on_recovered) = (self.progress.clone(), self.progress.clone());
+        let mut sink = KafkaSink::new(cfg)
+            .on_commit(move |n, _subtask| {
+                let total = on_commit.sink_subtasks.load(Ordering::SeqCst);
+                let mut m = on_commit
+                    .committed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                let c = m.entry(n).or_insert(0);
+                *c += 1;
+                if *c == total {
+                    m.remove(&n);
+                    say(format!("checkpoint {n} committed"));
+                }
+            })
+            .on_recovered(move |_subtask, _parallelism| {
+                let total = on_recovered.sink_subtasks.load(Ordering::SeqCst);
+                if on_recovered.recovered.fetch_add(1, Ordering::SeqCst) + 1 == total {
+                    say("job started".to_string());
+                }
+            });
+        if self.settings.mode == DeliveryMode::TransactionalOffsets {
+            if let Some(link) = &self.link {
+                sink = sink.offsets_link(link.clone());
+            }
+        }
+        records.sink_with_parallelism(name, p, sink);
+    }
+}
+
+/// The seal of two-phase commit, with the `before-seal` failpoint.
+pub(crate) struct Sealing(pub(crate) Arc<CheckpointSeal>);
+
+#[onceflow_runtime::async_trait]
+impl CompletionHook for Sealing {
+    async fn seal(&self, checkpoint: CheckpointId) -> onceflow_runtime::Result<()> {
+        failpoint::hit("before-seal", checkpoint);
+        self.0.seal(checkpoint).await
+    }
+}

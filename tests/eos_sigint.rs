@@ -1,0 +1,86 @@
+//! Ctrl-C (SIGINT) stops the example job like SIGTERM: a final checkpoint, its commit, the
+//! `job stopped:` summary and exit 0 within 10 s; a read_committed reader then sees every
+//! record the job reported as processed.
+
+mod eos_common;
+mod job_kit;
+
+use std::time::{Duration, Instant};
+
+use eos_common::*;
+use job_kit::interrupt;
+
+#[test]
+fn sigint_commits_a_final_checkpoint_and_exits_0() {
+    let _machine = exclusive();
+    let test = "eos_sigint";
+    let dir = scenario_dir(test);
+    let args = JobArgs::new("two-phase-commit", dir.path());
+    let (broker, data) = setup(dir.path(), &args, 20_000, seed(test));
+    let bootstrap = broker.bootstrap().to_string();
+    let producer = produce_paced(
+        &bootstrap,
+        &args.input,
+        &data,
+        40,
+        Duration::from_millis(200),
+    );
+    let mut job = spawn_job(&bootstrap, &args, "sigint");
+    let line = job.wait_line(Duration::from_secs(90), |l| {
+        checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
+    });
+    assert!(
+        line.is_some(),
+        "no checkpoint 2 committed\n{}",
+        job.describe()
+    );
+
+    let t0 = Instant::now();
+    interrupt(&mut job);
+    let status = job.wait_exit(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "SIGINT did not stop the job with exit 0 within 10 s (status {status:?})\n{}",
+        job.describe()
+    );
+    eprintln!("[eos] {test}: exit 0 {:?} after SIGINT", t0.elapsed());
+    producer.join().expect("input producer");
+
+    let lines = job.lines();
+    let summary = lines
+        .iter()
+        .find(|l| l.starts_with("job stopped: "))
+        .unwrap_or_else(|| panic!("no `job stopped:` summary\n{}", job.describe()));
+    let number_before = |word: &str| -> u64 {
+        let at = summary
+            .find(word)
+            .unwrap_or_else(|| panic!("`{word}` in {summary}"));
+        summary[..at]
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.parse().ok())
+            .expect("a number")
+    };
+    let processed = number_before(" records processed");
+    let last: u64 = summary
+        .split("last checkpoint ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no last checkpoint in {summary}"));
+    assert_eq!(
+        last_committed(&lines),
+        Some(last),
+        "the final checkpoint {last} was not reported committed\n{}",
+        job.describe()
+    );
+    let committed = read_topic(&bootstrap, &args.output, true).len()
+        + read_topic(&bootstrap, &args.dlq(), true).len();
+    assert_eq!(
+        committed as u64, processed,
+        "the job reported {processed} records processed; read_committed sees {committed} output and dead-letter records"
+    );
+    eprintln!("[eos] {test}: {summary}");
+    drop(broker);
+    finish_dir(dir);
+}

@@ -1,0 +1,271 @@
+//! `examples/windowed_counts` taken over while it runs: a second instance (same checkpoint
+//! directory, group and prefix) starts once the first committed checkpoint 2; the first must
+//! notice it was fenced and stop, and every tumbling window and session of the input must be
+//! in the read_committed output exactly once, with the right count and sum. Both exactly-once
+//! modes. Runs the broker and the jobs as child processes on 127.0.0.1.
+
+mod eos_common;
+mod job_kit;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use eos_common::*;
+use job_kit::*;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+const USERS: u64 = 20;
+const EVENTS: u64 = 6_000;
+const BASE_TS: i64 = 1_700_000_000_000;
+const MINUTE: i64 = 60_000;
+const SESSION_GAP: i64 = 30_000;
+
+/// Event `i`: user `i % USERS` on partition `user % 4`, event time 50 ms apart, and a pause of
+/// 120 s every 1000 events, so each user has a session per burst (gaps within a burst are 1 s,
+/// far from the 30 s session gap) and windows close while the job runs.
+fn event(i: u64) -> (u64, i64, i64) {
+    let ts = BASE_TS + i as i64 * 50 + (i / 1000) as i64 * 120_000;
+    (i % USERS, ts, (i % 100) as i64 - 20)
+}
+
+/// A window: (kind, user, start).
+type WindowId = (String, String, i64);
+/// A window's result: (end, count, sum).
+type WindowResult = (i64, u64, i64);
+
+/// Every window the input closes, with its result.
+fn expected() -> BTreeMap<WindowId, WindowResult> {
+    let mut out = BTreeMap::new();
+    let mut sessions: HashMap<u64, (i64, i64, u64, i64)> = HashMap::new();
+    for i in 0..EVENTS {
+        let (u, ts, amount) = event(i);
+        let start = ts - ts.rem_euclid(MINUTE);
+        let e = out
+            .entry(("minute".to_string(), format!("user-{u}"), start))
+            .or_insert((start + MINUTE, 0, 0));
+        e.1 += 1;
+        e.2 += amount;
+        let s = sessions.entry(u).or_insert((ts, ts, 0, 0));
+        if ts >= s.1 + SESSION_GAP {
+            out.insert(
+                ("session".to_string(), format!("user-{u}"), s.0),
+                (s.1 + SESSION_GAP, s.2, s.3),
+            );
+            *s = (ts, ts, 0, 0);
+        }
+        s.1 = ts;
+        s.2 += 1;
+        s.3 += amount;
+    }
+    for (u, s) in sessions {
+        out.insert(
+            ("session".to_string(), format!("user-{u}"), s.0),
+            (s.1 + SESSION_GAP, s.2, s.3),
+        );
+    }
+    out
+}
+
+/// Produces the events in 30 chunks 200 ms apart, then one far-future event per partition
+/// (user `flush`) so the watermark passes every window of the real users.
+fn produce(bootstrap: &str, topic: &str) -> std::thread::JoinHandle<()> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    let topic = topic.to_string();
+    std::thread::spawn(move || {
+        let send = |partition: i32, user: &str, ts: i64, amount: i64| {
+            let value = format!(r#"{{"user":"{user}","ts":{ts},"amount":{amount}}}"#);
+            let rec = BaseRecord::to(&topic)
+                .partition(partition)
+                .key(user)
+                .payload(&value);
+            let mut rec = Some(rec);
+            while let Some(r) = rec.take() {
+                if let Err((_, r)) = producer.send(r) {
+                    producer.poll(Duration::from_millis(10));
+                    rec = Some(r);
+                }
+            }
+        };
+        let chunk = EVENTS / 30;
+        for i in 0..EVENTS {
+            let (u, ts, amount) = event(i);
+            send((u % 4) as i32, &format!("user-{u}"), ts, amount);
+            if i % chunk == chunk - 1 {
+                producer.flush(Duration::from_secs(30)).expect("flush");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        let last = event(EVENTS - 1).1;
+        for p in 0..PARTITIONS {
+            send(p, "flush", last + 3_600_000, 0);
+        }
+        producer.flush(Duration::from_secs(30)).expect("flush");
+    })
+}
+
+/// The output's windows (the flush user's left out), each with every result emitted for it.
+fn windows(records: &[Keyed]) -> BTreeMap<WindowId, Vec<WindowResult>> {
+    let mut got: BTreeMap<WindowId, Vec<WindowResult>> = BTreeMap::new();
+    for r in records {
+        let v: serde_json::Value = serde_json::from_str(&r.value).expect("output is JSON");
+        let user = v["user"].as_str().unwrap_or_default().to_string();
+        if user == "flush" {
+            continue;
+        }
+        let kind = v["kind"].as_str().unwrap_or_default().to_string();
+        got.entry((kind, user, v["start"].as_i64().unwrap_or(0)))
+            .or_default()
+            .push((
+                v["end"].as_i64().unwrap_or(0),
+                v["count"].as_u64().unwrap_or(0),
+                v["sum"].as_i64().unwrap_or(0),
+            ));
+    }
+    got
+}
+
+fn takeover(test: &str, mode: &str) {
+    let _machine = exclusive();
+    let dir = scenario_dir(test);
+    bins();
+    let broker = Broker::start(dir.path(), &[]);
+    let bootstrap = broker.bootstrap().to_string();
+    let (input, output) = ("clicks", "click-counts");
+    create_topics(&bootstrap, &[input, output, "click-counts.late"]);
+    let ckpt = dir.path().join("checkpoints");
+    let args: Vec<String> = [
+        "--brokers",
+        &bootstrap,
+        "--input",
+        input,
+        "--output",
+        output,
+        "--group",
+        "windowed-group",
+        "--mode",
+        mode,
+        "--transactional-id-prefix",
+        "windowed",
+        "--checkpoint-dir",
+        ckpt.to_str().expect("utf-8 path"),
+        "--checkpoint-interval-ms",
+        "500",
+        "--parallelism",
+        "2",
+        // every partition has data throughout: none may be declared idle (its later records
+        // would be late)
+        "--idle-timeout-ms",
+        "600000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+
+    let producer = produce(&bootstrap, input);
+    let mut first = spawn_example("windowed_counts", &args, dir.path(), "first");
+    let line = first.wait_line(Duration::from_secs(90), |l| {
+        checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
+    });
+    assert!(
+        line.is_some(),
+        "the first instance committed no checkpoint 2\n{}",
+        first.describe()
+    );
+    let mut second = spawn_example("windowed_counts", &args, dir.path(), "second");
+    let started = second.wait_line(Duration::from_secs(90), |l| l.contains("job started"));
+    assert!(
+        started.is_some(),
+        "the second instance did not start\n{}",
+        second.describe()
+    );
+    first.expect_failure(Duration::from_secs(60), "the second instance fenced it");
+    let said = format!("{}\n{}", first.lines().join("\n"), first.stderr_tail(200));
+    assert!(
+        said.to_lowercase().contains("fenc"),
+        "the first instance did not say it was fenced\n{}",
+        first.describe()
+    );
+    producer.join().expect("input producer");
+
+    let want = expected();
+    let real = |recs: &Vec<Keyed>| recs.iter().filter(|r| r.key != "flush").count();
+    let seen = wait_for(
+        Duration::from_secs(120),
+        || read_committed(&bootstrap, output),
+        |recs| real(recs) >= want.len(),
+    );
+    if seen.is_none() {
+        let got = windows(&read_committed(&bootstrap, output));
+        let missing: Vec<_> = want.keys().filter(|k| !got.contains_key(*k)).collect();
+        panic!(
+            "the output did not reach {} windows within 120 s: {} missing, e.g. {:?}\n{}\n{}",
+            want.len(),
+            missing.len(),
+            &missing[..missing.len().min(10)],
+            first.describe(),
+            second.describe()
+        );
+    }
+    second.stop_gracefully(Duration::from_secs(60));
+
+    let got = windows(&read_committed(&bootstrap, output));
+    let repeated: Vec<_> = got.iter().filter(|(_, v)| v.len() > 1).take(10).collect();
+    assert!(
+        repeated.is_empty(),
+        "windows emitted more than once: {repeated:?}"
+    );
+    let missing: Vec<_> = want
+        .keys()
+        .filter(|k| !got.contains_key(*k))
+        .take(10)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "windows missing from the output: {missing:?}"
+    );
+    let wrong: Vec<_> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k).is_some_and(|g| g[0] != **v))
+        .take(10)
+        .map(|(k, v)| (k, v, &got[k]))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "windows with a wrong result (window, want, got): {wrong:?}"
+    );
+    let extra: Vec<_> = got
+        .keys()
+        .filter(|k| !want.contains_key(*k))
+        .take(10)
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "windows the input does not have: {extra:?}"
+    );
+    assert!(
+        read_committed(&bootstrap, "click-counts.late").is_empty(),
+        "events went to the late topic"
+    );
+    eprintln!(
+        "[eos] {test}: {} windows, each exactly once after the takeover",
+        want.len()
+    );
+    drop(broker);
+    finish_dir(dir);
+}
+
+#[test]
+fn two_phase_commit_takeover_emits_every_window_once() {
+    takeover("eos_windowed_takeover_2pc", "two-phase-commit");
+}
+
+#[test]
+fn transactional_offsets_takeover_emits_every_window_once() {
+    takeover("eos_windowed_takeover_txn_offsets", "transactional-offsets");
+}
