@@ -31,6 +31,9 @@ ALL=(
   onceflow:eos_broker_kill
   onceflow:eos_config
   onceflow:eos_checker
+  onceflow:eos_sigint
+  onceflow:eos_windowed_takeover
+  onceflow:jobs_page
   onceflow-connectors:crash_exactly_once
   onceflow-connectors:window_crash
   onceflow-connectors:recovery
