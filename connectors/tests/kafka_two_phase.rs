@@ -30,6 +30,8 @@ fn sink(brokers: &str, topic: &str, prefix: &str) -> KafkaSink {
             .checkpoint_interval(Duration::from_secs(1))
             .recovery_allowance(Duration::from_secs(10)),
     )
+    // these tests drive one sink directly; no second instance of a job ever starts
+    .without_seal()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,4 +169,20 @@ async fn recovery_committer_tries_every_bootstrap_server() {
         .expect_err("no server reachable");
     assert!(err.to_string().contains(dead), "{err}");
     b.shutdown().await;
+}
+
+#[test]
+fn two_phase_commit_without_a_seal_decision_is_refused() {
+    let factory = KafkaSink::new(KafkaSinkConfig::new("127.0.0.1:1", "x"));
+    let err = factory
+        .create(&info(0, 1, 0))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("needs its checkpoints sealed"), "{err}");
+    assert!(err.contains("KafkaJob"), "{err}");
+    assert!(KafkaSink::new(KafkaSinkConfig::new("127.0.0.1:1", "x"))
+        .without_seal()
+        .create(&info(0, 1, 0))
+        .is_ok());
 }

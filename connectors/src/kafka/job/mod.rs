@@ -305,6 +305,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
         let mut outputs = KafkaOutputs::new(
             sink_cfg,
             started.link.clone(),
+            started.seal.clone(),
             s.clone(),
             progress.clone(),
             stop.clone(),

@@ -32,6 +32,7 @@ pub(crate) struct Progress {
 pub struct KafkaOutputs {
     cfg: KafkaSinkConfig,
     link: Option<OffsetsLink>,
+    seal: Option<Arc<CheckpointSeal>>,
     settings: Settings,
     sinks: usize,
     progress: Arc<Progress>,
@@ -44,12 +45,14 @@ impl KafkaOutputs {
     pub(crate) fn new(
         cfg: KafkaSinkConfig,
         link: Option<OffsetsLink>,
+        seal: Option<Arc<CheckpointSeal>>,
         settings: Settings,
         progress: Arc<Progress>,
         stop: StopHandle,
     ) -> Self {
         KafkaOutputs {
             cfg,
+            seal,
             link,
             settings,
             sinks: 0,
@@ -135,6 +138,9 @@ impl KafkaOutputs {
                     say("job started".to_string());
                 }
             });
+        if let Some(seal) = &self.seal {
+            sink = sink.sealed_by(seal);
+        }
         if self.settings.mode == DeliveryMode::TransactionalOffsets {
             if let Some(link) = &self.link {
                 sink = sink.offsets_link(link.clone());

@@ -84,6 +84,9 @@ pub struct KafkaSink {
     pub(crate) on_commit: Option<CommitObserver>,
     pub(crate) on_recovered: Option<RecoveredObserver>,
     pub(crate) link: Option<OffsetsLink>,
+    /// Two-phase commit: `Some(true)` once the job's checkpoints are sealed in Kafka
+    /// ([`Self::sealed_by`]), `Some(false)` after an explicit [`Self::without_seal`].
+    pub(crate) sealed: Option<bool>,
     /// Ids committed by recovery (not to be fenced or reused until a new checkpoint completes).
     pub(crate) recovered_ids: Arc<Mutex<HashSet<String>>>,
 }
@@ -96,8 +99,27 @@ impl KafkaSink {
             on_commit: None,
             on_recovered: None,
             link: None,
+            sealed: None,
             recovered_ids: Arc::default(),
         }
+    }
+
+    /// Two-phase commit: the job's checkpoints are sealed by `seal`, installed as the job's
+    /// completion hook (`JobConfig::completion_hook`). [`crate::kafka::job::KafkaJob`] does
+    /// this itself; a sink wired by hand in two-phase-commit mode must say either this or
+    /// [`Self::without_seal`], or it refuses to start.
+    pub fn sealed_by(mut self, _seal: &CheckpointSeal) -> Self {
+        self.sealed = Some(true);
+        self
+    }
+
+    /// Two-phase commit without the seal: only where no second instance of the job can ever
+    /// start (a test, a one-off backfill). A second instance started while this one runs
+    /// could restore a checkpoint older than one this instance completes and commits, and
+    /// process its input twice.
+    pub fn without_seal(mut self) -> Self {
+        self.sealed = Some(false);
+        self
     }
 
     /// Observes commits (e.g. to print progress).
@@ -150,6 +172,12 @@ impl SinkFactory<SinkRecord> for KafkaSink {
         self.cfg.validate()?;
         let inner = match self.cfg.mode {
             DeliveryMode::TwoPhaseCommit => {
+                if self.sealed.is_none() {
+                    return Err(super::KafkaError::Config(
+                        "two-phase-commit mode needs its checkpoints sealed in Kafka, or a second instance of the job could process input twice: build the job with KafkaJob (it wires the seal), or install a CheckpointSeal as the job's completion hook and call KafkaSink::sealed_by, or call KafkaSink::without_seal where no second instance can ever start".into(),
+                    )
+                    .into());
+                }
                 WriterKind::TwoPhase(Box::new(TwoPhaseWriter::new(self, info)))
             }
             DeliveryMode::TransactionalOffsets => {
