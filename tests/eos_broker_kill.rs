@@ -1,4 +1,4 @@
-//! Issue 5, "Done when" 4: the broker is killed with -9 and restarted on the same data dir
+//! The broker is killed with -9 and restarted on the same data dir
 //! and port under a running job (three times, each after the job came through the previous
 //! one). The job recovers by itself, or, if it exits, is restarted by the test; the output
 //! stays exactly-once.

@@ -1,4 +1,4 @@
-//! Issue 5, "Done when" 5 and the start-up safety checks: a transaction timeout that does not
+//! The start-up safety checks: a transaction timeout that does not
 //! exceed the checkpoint interval (plus the recovery allowance), or that exceeds the broker's
 //! maximum, is refused at start with exit code 2 and a message that says what to change;
 //! a valid configuration starts (so the check does not refuse everything).
@@ -99,7 +99,7 @@ fn valid_transaction_timeout_starts() {
     job.stop_gracefully(STOP_TIMEOUT);
 }
 
-/// Issue 5, "Build" 7: the job's Prometheus endpoint (`--metrics-listen`) serves the Kafka
+/// The job's Prometheus endpoint (`--metrics-listen`) serves the Kafka
 /// transaction metrics (commit latency, open transaction age vs timeout, records per
 /// transaction, fencing events), consumer lag and the runtime's checkpoint metrics.
 #[test]

@@ -1,4 +1,4 @@
-//! Issue 5, "Done when" 2: the job is killed exactly between "checkpoint N complete" and
+//! The job is killed exactly between "checkpoint N complete" and
 //! "commit N" (ONCEFLOW_FAILPOINT=after-checkpoint-complete:N aborts the process there). After
 //! a restart, checkpoint N's output must be committed once: neither lost nor doubled.
 //! Also the window before that in two-phase-commit mode: metadata durable, seal not yet

@@ -1,4 +1,4 @@
-//! Issue 5, "Done when" 3: a second instance of the job with the same transactional id
+//! A second instance of the job with the same transactional id
 //! prefix (same checkpoint dir and group: an accidental double start) fences the first,
 //! which must stop by itself; the output stays exactly-once.
 
@@ -87,7 +87,7 @@ fn second_transactional_offsets_instance_fences_the_first() {
     fencing_run("eos_fencing_txn_offsets", "transactional-offsets");
 }
 
-/// Issue 5, "Build" 5: a different job (its own checkpoint directory, group and output) started
+/// A different job (its own checkpoint directory, group and output) started
 /// with a prefix a live job uses is refused at start with exit code 2 and a message naming the
 /// prefix; the running job is not disturbed (it is not fenced and keeps committing).
 #[test]

@@ -1,4 +1,4 @@
-//! Issue 5, "Done when" 1: the example job is SIGKILLed at least 10 times (at random delays
+//! The example job is SIGKILLed at least 10 times (at random delays
 //! after its start or after a checkpoint it reported complete) and restarted while input
 //! flows; afterwards a read_committed consumer must see every id exactly once and every key's
 //! last total equal to the sum of its inputs, in both exactly-once modes. The same run in
