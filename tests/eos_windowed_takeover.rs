@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use eos_common::*;
 use job_kit::*;
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 const USERS: u64 = 20;
 const EVENTS: u64 = 6_000;
@@ -70,43 +68,19 @@ fn expected() -> BTreeMap<WindowId, WindowResult> {
 /// Produces the events in 30 chunks 200 ms apart, then one far-future event per partition
 /// (user `flush`) so the watermark passes every window of the real users.
 fn produce(bootstrap: &str, topic: &str) -> std::thread::JoinHandle<()> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    let topic = topic.to_string();
-    std::thread::spawn(move || {
-        let send = |partition: i32, user: &str, ts: i64, amount: i64| {
-            let value = format!(r#"{{"user":"{user}","ts":{ts},"amount":{amount}}}"#);
-            let rec = BaseRecord::to(&topic)
-                .partition(partition)
-                .key(user)
-                .payload(&value);
-            let mut rec = Some(rec);
-            while let Some(r) = rec.take() {
-                if let Err((_, r)) = producer.send(r) {
-                    producer.poll(Duration::from_millis(10));
-                    rec = Some(r);
-                }
-            }
-        };
-        let chunk = EVENTS / 30;
-        for i in 0..EVENTS {
+    let record = |partition: i32, user: &str, ts: i64, amount: i64| -> Produced {
+        let value = format!(r#"{{"user":"{user}","ts":{ts},"amount":{amount}}}"#);
+        (Some(partition), user.to_string(), value.into_bytes())
+    };
+    let mut records: Vec<Produced> = (0..EVENTS)
+        .map(|i| {
             let (u, ts, amount) = event(i);
-            send((u % 4) as i32, &format!("user-{u}"), ts, amount);
-            if i % chunk == chunk - 1 {
-                producer.flush(Duration::from_secs(30)).expect("flush");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-        }
-        let last = event(EVENTS - 1).1;
-        for p in 0..PARTITIONS {
-            send(p, "flush", last + 3_600_000, 0);
-        }
-        producer.flush(Duration::from_secs(30)).expect("flush");
-    })
+            record((u % 4) as i32, &format!("user-{u}"), ts, amount)
+        })
+        .collect();
+    let last = event(EVENTS - 1).1;
+    records.extend((0..PARTITIONS).map(|p| record(p, "flush", last + 3_600_000, 0)));
+    produce_records_paced(bootstrap, topic, records, 30, Duration::from_millis(200))
 }
 
 /// The output's windows (the flush user's left out), each with every result emitted for it.

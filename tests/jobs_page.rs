@@ -13,8 +13,6 @@ use std::time::Duration;
 
 use eos_common::*;
 use job_kit::*;
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 const PAGE: &str = include_str!("../docs/JOBS.md");
 
@@ -59,32 +57,13 @@ fn input(i: u64) -> (String, i64) {
 /// Produces the input in 40 chunks 250 ms apart (the default partitioner keeps a key's
 /// records in one partition, in order).
 fn produce(bootstrap: &str, topic: &str) -> std::thread::JoinHandle<()> {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    let topic = topic.to_string();
-    std::thread::spawn(move || {
-        let chunk = RECORDS / 40;
-        for i in 0..RECORDS {
+    let records = (0..RECORDS)
+        .map(|i| {
             let (key, n) = input(i);
-            let value = n.to_string();
-            let mut rec = Some(BaseRecord::to(&topic).key(&key).payload(&value));
-            while let Some(r) = rec.take() {
-                if let Err((_, r)) = producer.send(r) {
-                    producer.poll(Duration::from_millis(10));
-                    rec = Some(r);
-                }
-            }
-            if i % chunk == chunk - 1 {
-                producer.flush(Duration::from_secs(30)).expect("flush");
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        }
-        producer.flush(Duration::from_secs(30)).expect("flush");
-    })
+            (None, key, n.to_string().into_bytes())
+        })
+        .collect();
+    produce_records_paced(bootstrap, topic, records, 40, Duration::from_millis(250))
 }
 
 #[test]

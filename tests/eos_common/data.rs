@@ -133,6 +133,27 @@ pub fn produce_paced(
     chunks: usize,
     pause: Duration,
 ) -> JoinHandle<()> {
+    let records = data
+        .records
+        .iter()
+        .map(|r| (Some(r.partition), r.key.clone(), r.value.clone()))
+        .collect();
+    produce_records_paced(bootstrap, topic, records, chunks, pause)
+}
+
+/// One record to produce: its partition (`None`: librdkafka's partitioner over the key), key
+/// and value.
+pub type Produced = (Option<i32>, String, Vec<u8>);
+
+/// Produces `records` to `topic` with an idempotent producer in `chunks` chunks with `pause`
+/// between them, on a thread, so that input keeps arriving while a test acts.
+pub fn produce_records_paced(
+    bootstrap: &str,
+    topic: &str,
+    records: Vec<Produced>,
+    chunks: usize,
+    pause: Duration,
+) -> JoinHandle<()> {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
@@ -141,18 +162,19 @@ pub fn produce_paced(
         .create()
         .expect("input producer");
     let topic = topic.to_string();
-    let records = data.records.clone();
     std::thread::spawn(move || {
         let per = records.len().div_ceil(chunks.max(1)).max(1);
         for (i, chunk) in records.chunks(per).enumerate() {
             if i > 0 {
                 std::thread::sleep(pause);
             }
-            for r in chunk {
+            for (partition, key, value) in chunk {
                 let mut rec = BaseRecord::to(&topic)
-                    .partition(r.partition)
-                    .key(r.key.as_bytes())
-                    .payload(&r.value[..]);
+                    .key(key.as_bytes())
+                    .payload(&value[..]);
+                if let Some(p) = partition {
+                    rec = rec.partition(*p);
+                }
                 loop {
                     match producer.send(rec) {
                         Ok(()) => break,
