@@ -57,6 +57,17 @@ fn flip(path: &Path, at: usize) {
     std::fs::write(path, data).unwrap();
 }
 
+/// Cuts the last `bytes` bytes off `path`: the last record is incomplete, as after a crash.
+fn tear_tail(path: &Path, bytes: u64) {
+    let len = std::fs::metadata(path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len - bytes)
+        .unwrap();
+}
+
 fn tp() -> TopicPartition {
     TopicPartition {
         topic: "orders".into(),
@@ -177,11 +188,7 @@ fn offsets_log_flipped_byte_refuses_then_repairs() -> Result<()> {
 fn offsets_log_torn_tail_is_cut_without_the_flag() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = write_offsets(dir.path());
-    let len = std::fs::metadata(&path)?.len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)?
-        .set_len(len - 5)?;
+    tear_tail(&path, 5);
     let log = started(dir.path(), false)?;
     assert!(log.contains("torn tail"), "{log}");
     assert_eq!(committed(dir.path()), 900);
@@ -229,11 +236,7 @@ fn txn_log_flipped_byte_refuses_then_repairs() -> Result<()> {
 fn txn_log_torn_tail_is_cut_without_the_flag() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = write_txn_log(dir.path());
-    let len = std::fs::metadata(&path)?.len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)?
-        .set_len(len - 5)?;
+    tear_tail(&path, 5);
     let log = started(dir.path(), false)?;
     assert!(log.contains("torn tail"), "{log}");
     let expected: Vec<String> = (0..RECORDS - 1).map(|i| format!("t{i}")).collect();
@@ -329,11 +332,7 @@ fn segment_flipped_byte_refuses_then_repairs() -> Result<()> {
 fn segment_torn_tail_is_cut_without_the_flag() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (path, _) = write_segment(dir.path());
-    let len = std::fs::metadata(&path)?.len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)?
-        .set_len(len - 5)?;
+    tear_tail(&path, 5);
     let log = started(dir.path(), false)?;
     assert!(log.contains("torn log tail"), "{log}");
     assert_eq!(high_watermark(dir.path()), RECORDS as i64 - 1);
