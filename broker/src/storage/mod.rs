@@ -12,6 +12,7 @@ pub mod batch;
 pub mod config;
 pub mod error;
 pub mod index;
+pub mod log_config;
 pub mod memory;
 pub mod metrics;
 pub mod partition;
@@ -30,6 +31,7 @@ use std::time::Duration;
 pub use backend::{BackendFile, FileBackend, StorageBackend};
 pub use config::{FsyncPolicy, ParseFsyncPolicyError, StorageConfig};
 pub use error::{AppendError, ReadError, Result, StorageError};
+pub use log_config::{CleanupPolicy, LogConfig};
 pub use memory::MemBackend;
 pub use partition::{AppendOutcome, CommittedRead, Partition, PendingAppend};
 pub use txn_index::AbortedTxn;
@@ -176,6 +178,18 @@ impl Store {
         Ok(())
     }
 
+    /// Applies `config` to every partition of `topic` (not persisted).
+    pub fn set_topic_log_config(&self, topic: &str, config: LogConfig) -> Result<()> {
+        let t = self.inner.topics.read().unwrap_or_else(|p| p.into_inner());
+        let parts = t
+            .get(topic)
+            .ok_or_else(|| StorageError::UnknownTopic(topic.to_string()))?;
+        for p in parts {
+            p.set_log_config(config.clone());
+        }
+        Ok(())
+    }
+
     /// All topics with their partition counts, sorted by name.
     pub fn topics(&self) -> Vec<(String, i32)> {
         let t = self.inner.topics.read().unwrap_or_else(|p| p.into_inner());
@@ -207,8 +221,8 @@ impl Inner {
         PartitionContext {
             backend: Arc::clone(&self.backend),
             fsync: self.config.fsync,
-            segment_bytes: self.config.segment_bytes,
             repair_corrupt_logs: self.config.repair_corrupt_logs,
+            log_config: LogConfig::with_segment_bytes(self.config.segment_bytes),
         }
     }
 

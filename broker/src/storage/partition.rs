@@ -4,7 +4,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -13,6 +13,7 @@ use super::backend::{BackendFile, StorageBackend};
 use super::batch::{self, BatchFault, BatchHeader};
 use super::config::FsyncPolicy;
 use super::error::{AppendError, ReadError, StorageError};
+use super::log_config::LogConfig;
 use super::metrics::PartitionMetrics;
 use super::producer_state::{ProducerEntry, ProducerStates, SequenceCheck};
 use super::recovery;
@@ -104,8 +105,9 @@ pub(crate) struct LogState {
 pub(crate) struct PartitionContext {
     pub backend: Arc<dyn StorageBackend>,
     pub fsync: FsyncPolicy,
-    pub segment_bytes: u64,
     pub repair_corrupt_logs: bool,
+    /// The settings a new partition starts with (its topic's configs).
+    pub log_config: LogConfig,
 }
 
 /// A partition of a topic. Internally synchronized; share it as `Arc<Partition>`.
@@ -116,6 +118,8 @@ pub struct Partition {
     dir: PathBuf,
     ctx: PartitionContext,
     state: Mutex<LogState>,
+    /// Segment, retention and cleaning settings; replaced whole when the topic's configs change.
+    log_config: RwLock<Arc<LogConfig>>,
     /// Serializes fsyncs of the active segment (group commit: one fsync covers every append
     /// written before it started; taken before `state`, never while holding it).
     sync_lock: Mutex<()>,
@@ -166,11 +170,22 @@ impl Partition {
             topic: topic.to_string(),
             index,
             dir,
+            log_config: RwLock::new(Arc::new(ctx.log_config.clone())),
             ctx,
             state: Mutex::new(state),
             sync_lock: Mutex::new(()),
             metrics,
         })
+    }
+
+    /// The partition's current log settings.
+    pub fn log_config(&self) -> Arc<LogConfig> {
+        Arc::clone(&self.log_config.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Replaces the partition's log settings; the next append, roll or cleaner pass uses them.
+    pub fn set_log_config(&self, config: LogConfig) {
+        *self.log_config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
     }
 
     /// The topic this partition belongs to.
@@ -405,7 +420,7 @@ impl Partition {
             batch::set_base_offset(&mut buf[*pos..], h.base_offset);
         }
         let active_size = st.segments.last().map_or(0, Segment::size);
-        if active_size > 0 && active_size + buf.len() as u64 > self.ctx.segment_bytes {
+        if active_size > 0 && active_size + buf.len() as u64 > self.log_config().segment_bytes {
             if let Err(e) = self.roll(st) {
                 // After a failed fsync nothing is known about what reached the disk.
                 st.failed = Some(format!("segment roll failed: {e}"));
