@@ -1,5 +1,7 @@
 //! CreateTopics: any replication factor is accepted on this single node (clients ask for 3);
-//! config entries are validated as Kafka does (unknown name, null or bad value: INVALID_CONFIG).
+//! config entries are validated as Kafka does (unknown name, null or bad value: INVALID_CONFIG)
+//! and those that change the log (retention, cleanup policy, segments) become the partitions'
+//! [`LogConfig`](crate::storage::LogConfig).
 
 use std::sync::Arc;
 
@@ -105,9 +107,15 @@ async fn create_one(
         return ok;
     }
     let store = state.store.clone();
+    let mut log_config = store.default_log_config();
+    for c in &topic.configs {
+        if let Some(v) = &c.value {
+            log_config.apply(c.name.as_str(), v.as_str());
+        }
+    }
     let create = {
         let name = name.clone();
-        move || store.create_topic(&name, partitions)
+        move || store.create_topic_with_config(&name, partitions, log_config)
     };
     let outcome = if state.is_durable() {
         tokio::task::spawn_blocking(create)

@@ -1,7 +1,7 @@
 //! Validation of the topic configs a CreateTopics request carries, as Kafka's `LogConfig`
 //! does: an unknown name, a null value or a value of the wrong type or range is
-//! INVALID_CONFIG for that topic. Accepted values are not applied (this single-node broker
-//! keeps no per-topic settings; DescribeConfigs shows its static values).
+//! INVALID_CONFIG for that topic. Values that change the log (`LogConfig::apply`) are applied
+//! to the new topic's partitions; the others are accepted and not applied.
 
 /// Why a topic config entry was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

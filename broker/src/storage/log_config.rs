@@ -98,6 +98,35 @@ impl LogConfig {
     }
 }
 
+impl LogConfig {
+    /// Sets the setting a Kafka topic config names, from a value already checked by the
+    /// topic config validator. Returns false for configs that do not change the storage layer
+    /// (they are accepted and reported, not applied) and for values that do not parse.
+    pub fn apply(&mut self, name: &str, value: &str) -> bool {
+        let v = value.trim();
+        let long = || v.parse::<i64>().ok();
+        let limit = |n: i64| (n >= 0).then_some(n);
+        match name {
+            "cleanup.policy" => CleanupPolicy::parse(v).map(|p| self.cleanup_policy = p),
+            "retention.ms" => long().map(|n| self.retention_ms = limit(n)),
+            "retention.bytes" => long().map(|n| self.retention_bytes = limit(n)),
+            "segment.bytes" => long()
+                .filter(|n| *n > 0)
+                .map(|n| self.segment_bytes = n as u64),
+            "segment.ms" => long().map(|n| self.segment_ms = limit(n)),
+            "delete.retention.ms" => long().map(|n| self.delete_retention_ms = n),
+            "min.cleanable.dirty.ratio" => v
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .map(|r| self.min_cleanable_dirty_ratio = r),
+            "max.message.bytes" => v.parse::<i32>().ok().map(|n| self.max_message_bytes = n),
+            _ => None,
+        }
+        .is_some()
+    }
+}
+
 impl Default for LogConfig {
     fn default() -> Self {
         LogConfig::with_segment_bytes(super::config::DEFAULT_SEGMENT_BYTES)
@@ -124,5 +153,23 @@ mod tests {
         assert_eq!(CleanupPolicy::parse(""), Some(CleanupPolicy::default()));
         assert_eq!(CleanupPolicy::parse("compact,shred"), None);
         assert_eq!(both.to_string(), "compact,delete");
+    }
+
+    #[test]
+    fn topic_configs_apply_to_the_log_settings() {
+        let mut c = LogConfig::with_segment_bytes(1024);
+        assert!(c.apply("cleanup.policy", "compact"));
+        assert!(c.apply("retention.ms", "-1"));
+        assert!(c.apply("retention.bytes", "4096"));
+        assert!(c.apply("segment.ms", "100"));
+        assert!(c.apply("min.cleanable.dirty.ratio", "0.1"));
+        assert!(!c.apply("compression.type", "zstd"));
+        assert!(!c.apply("retention.ms", "soon"));
+        assert_eq!(c.cleanup_policy, CleanupPolicy::COMPACT);
+        assert_eq!(c.retention_ms, None);
+        assert_eq!(c.retention_bytes, Some(4096));
+        assert_eq!(c.segment_ms, Some(100));
+        assert_eq!(c.min_cleanable_dirty_ratio, 0.1);
+        assert_eq!(c.segment_bytes, 1024);
     }
 }

@@ -104,8 +104,25 @@ impl Store {
         &self.inner.config
     }
 
-    /// Creates a topic with `partitions` partitions; the topic is durable when this returns.
+    /// Creates a topic with `partitions` partitions and the broker's default log settings;
+    /// the topic is durable when this returns.
     pub fn create_topic(&self, name: &str, partitions: i32) -> Result<()> {
+        self.create_topic_with_config(name, partitions, self.default_log_config())
+    }
+
+    /// The log settings of a topic created without configs.
+    pub fn default_log_config(&self) -> LogConfig {
+        self.inner.context().log_config
+    }
+
+    /// Creates a topic whose partitions start with `log_config` (not persisted: after a
+    /// restart the partitions start with the broker's defaults).
+    pub fn create_topic_with_config(
+        &self,
+        name: &str,
+        partitions: i32,
+        log_config: LogConfig,
+    ) -> Result<()> {
         topics::validate_topic_name(name)?;
         if !(1..=MAX_PARTITIONS).contains(&partitions) {
             return Err(StorageError::InvalidTopic(format!(
@@ -126,7 +143,11 @@ impl Store {
                     .backend
                     .remove_dir_all(&dir)
                     .map_err(|e| StorageError::io(&dir, e))?;
-                parts.push(Arc::new(Partition::open(inner.context(), name, i, dir)?));
+                let ctx = PartitionContext {
+                    log_config: log_config.clone(),
+                    ..inner.context()
+                };
+                parts.push(Arc::new(Partition::open(ctx, name, i, dir)?));
             }
             inner
                 .backend
