@@ -25,6 +25,7 @@
 pub mod batch_header;
 pub mod codec;
 pub mod config;
+pub mod decompress;
 pub mod error;
 pub mod framed_log;
 pub mod group;

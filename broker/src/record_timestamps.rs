@@ -3,11 +3,11 @@
 //! (its offset and timestamp), not with the containing batch.
 //!
 //! Only ListOffsets decodes records; Fetch keeps serving stored bytes untouched. Compressed
-//! batches (gzip, snappy, lz4, zstd) are decompressed with the kafka-protocol codecs. The
-//! record walk is bounded by the bytes present, never by counts read from the batch.
+//! batches (gzip, snappy, lz4, zstd) are decompressed up to a cap ([`crate::decompress`]), so
+//! a batch that inflates to gigabytes is an error, not an allocation. The record walk is
+//! bounded by the bytes present, never by counts read from the batch.
 
-use bytes::Bytes;
-use kafka_protocol::compression::{Decompressor, Gzip, Lz4, Snappy, Zstd};
+use crate::decompress::{decompress_capped, DecompressError};
 
 /// Why a batch could not be searched record by record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -15,12 +15,9 @@ pub enum RecordScanError {
     /// Fewer bytes than the batch header or its length field announce.
     #[error("record batch truncated: {0} bytes")]
     Truncated(usize),
-    /// Attributes name a compression codec Kafka does not define.
-    #[error("unknown compression codec {0}")]
-    UnknownCodec(i16),
-    /// The codec refused the records section.
-    #[error("decompression failed: {0}")]
-    Decompress(String),
+    /// The records section could not be decompressed within the cap.
+    #[error(transparent)]
+    Decompress(#[from] DecompressError),
     /// A record's length or varint fields are inconsistent.
     #[error("malformed record {index}: {reason}")]
     MalformedRecord {
@@ -44,11 +41,12 @@ const RECORDS_AT: usize = 61;
 const LOG_APPEND_TIME: i16 = 1 << 3;
 
 /// The first record of `batch` (one whole stored batch, base offset included) whose timestamp
-/// is `>= ts`, as (offset, timestamp); `None` if no record qualifies.
+/// is `>= ts`, as (offset, timestamp); `None` if no record qualifies. A compressed batch may
+/// inflate to at most `cap` bytes.
 ///
 /// offset = base offset + offset delta, timestamp = base timestamp + timestamp delta; in a
 /// LogAppendTime batch every record carries the batch max timestamp.
-pub fn first_record_at_or_after(batch: &[u8], ts: i64) -> Result<Option<(i64, i64)>> {
+pub fn first_record_at_or_after(batch: &[u8], ts: i64, cap: usize) -> Result<Option<(i64, i64)>> {
     let header = batch
         .get(..RECORDS_AT)
         .ok_or(RecordScanError::Truncated(batch.len()))?;
@@ -71,7 +69,7 @@ pub fn first_record_at_or_after(batch: &[u8], ts: i64) -> Result<Option<(i64, i6
     let records: &[u8] = match attributes & 0x7 {
         0 => records,
         codec => {
-            decompressed = decompress(codec, records)?;
+            decompressed = decompress_capped(codec, records, cap)?;
             &decompressed
         }
     };
@@ -98,19 +96,6 @@ pub fn first_record_at_or_after(batch: &[u8], ts: i64) -> Result<Option<(i64, i6
         }
     }
     Ok(None)
-}
-
-fn decompress(codec: i16, records: &[u8]) -> Result<Bytes> {
-    let mut src = Bytes::copy_from_slice(records);
-    let take = |b: &mut Bytes| Ok(std::mem::take(b));
-    let out = match codec {
-        1 => <Gzip as Decompressor<Bytes>>::decompress(&mut src, take),
-        2 => <Snappy as Decompressor<Bytes>>::decompress(&mut src, take),
-        3 => <Lz4 as Decompressor<Bytes>>::decompress(&mut src, take),
-        4 => <Zstd as Decompressor<Bytes>>::decompress(&mut src, take),
-        other => return Err(RecordScanError::UnknownCodec(other)),
-    };
-    out.map_err(|e| RecordScanError::Decompress(format!("{e:#}")))
 }
 
 fn i64_at(b: &[u8], at: usize) -> i64 {
@@ -141,6 +126,10 @@ fn varint(b: &[u8]) -> Option<(i64, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use bytes::Bytes;
+
+    const CAP: usize = 1 << 20;
     use crate::storage::batch::{encode_batch, BatchSpec, RecordSpec};
     use kafka_protocol::records::{
         Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
@@ -185,20 +174,27 @@ mod tests {
             Compression::Zstd,
         ] {
             let b = batch(c, &[1000, 1010, 1005, 1020, 1030]);
-            assert_eq!(first_record_at_or_after(&b, 0).unwrap(), Some((100, 1000)));
             assert_eq!(
-                first_record_at_or_after(&b, 1001).unwrap(),
+                first_record_at_or_after(&b, 0, CAP).unwrap(),
+                Some((100, 1000))
+            );
+            assert_eq!(
+                first_record_at_or_after(&b, 1001, CAP).unwrap(),
                 Some((101, 1010))
             );
             assert_eq!(
-                first_record_at_or_after(&b, 1011).unwrap(),
+                first_record_at_or_after(&b, 1011, CAP).unwrap(),
                 Some((103, 1020))
             );
             assert_eq!(
-                first_record_at_or_after(&b, 1030).unwrap(),
+                first_record_at_or_after(&b, 1030, CAP).unwrap(),
                 Some((104, 1030))
             );
-            assert_eq!(first_record_at_or_after(&b, 1031).unwrap(), None, "{c:?}");
+            assert_eq!(
+                first_record_at_or_after(&b, 1031, CAP).unwrap(),
+                None,
+                "{c:?}"
+            );
         }
     }
 
@@ -206,8 +202,11 @@ mod tests {
     fn log_append_time_batches_answer_the_max_timestamp() {
         let mut b = batch(Compression::None, &[5, 6, 7]);
         b[ATTRIBUTES_AT + 1] |= LOG_APPEND_TIME as u8;
-        assert_eq!(first_record_at_or_after(&b, 6).unwrap(), Some((100, 7)));
-        assert_eq!(first_record_at_or_after(&b, 8).unwrap(), None);
+        assert_eq!(
+            first_record_at_or_after(&b, 6, CAP).unwrap(),
+            Some((100, 7))
+        );
+        assert_eq!(first_record_at_or_after(&b, 8, CAP).unwrap(), None);
     }
 
     #[test]
@@ -227,7 +226,10 @@ mod tests {
             },
         ];
         let b = encode_batch(spec, &recs);
-        assert_eq!(first_record_at_or_after(&b, 52).unwrap(), Some((8, 53)));
+        assert_eq!(
+            first_record_at_or_after(&b, 52, CAP).unwrap(),
+            Some((8, 53))
+        );
     }
 
     #[test]
@@ -235,24 +237,26 @@ mod tests {
         let good = batch(Compression::Lz4, &[1, 2, 3]);
         for cut in [0, 10, RECORDS_AT - 1, RECORDS_AT + 3, good.len() - 1] {
             assert!(
-                first_record_at_or_after(&good[..cut], 0).is_err(),
+                first_record_at_or_after(&good[..cut], 0, CAP).is_err(),
                 "cut {cut}"
             );
         }
         let mut bad_codec = batch(Compression::None, &[1]);
         bad_codec[ATTRIBUTES_AT + 1] |= 0x7;
         assert_eq!(
-            first_record_at_or_after(&bad_codec, 0),
-            Err(RecordScanError::UnknownCodec(7))
+            first_record_at_or_after(&bad_codec, 0, CAP),
+            Err(RecordScanError::Decompress(DecompressError::UnknownCodec(
+                7
+            )))
         );
         let mut garbage = batch(Compression::Zstd, &[1, 2]);
         for byte in &mut garbage[RECORDS_AT..] {
             *byte = 0xff;
         }
-        assert!(first_record_at_or_after(&garbage, 0).is_err());
+        assert!(first_record_at_or_after(&garbage, 0, CAP).is_err());
         // A record count far beyond the bytes present ends the walk at the bytes.
         let mut huge = batch(Compression::None, &[1, 2]);
         huge[RECORD_COUNT_AT..RECORD_COUNT_AT + 4].copy_from_slice(&i32::MAX.to_be_bytes());
-        assert_eq!(first_record_at_or_after(&huge, 3).unwrap(), None);
+        assert_eq!(first_record_at_or_after(&huge, 3, CAP).unwrap(), None);
     }
 }

@@ -1,7 +1,8 @@
 //! ListOffsets by timestamp is record exact, as in Kafka: rdkafka's `offsets_for_times` over
 //! batches of several records with distinct (also non-monotonic) timestamps answers the first
 //! record whose timestamp is >= the target, for an uncompressed and an lz4/zstd topic; a raw
-//! ListOffsets v7 also checks the answered timestamp is that record's.
+//! ListOffsets v7 also checks the answered timestamp is that record's. A zstd batch that
+//! inflates to gigabytes (a "zip bomb") gets an error without the broker's memory following it.
 
 mod common;
 
@@ -156,4 +157,84 @@ fn offsets_for_times_is_record_exact_lz4_and_zstd() -> Result<()> {
     let broker = InProcessBroker::start(BrokerConfig::default())?;
     check_topic(&broker, "times-lz4", "lz4")?;
     check_topic(&broker, "times-zstd", "zstd")
+}
+
+/// Peak resident set size of this process (the in-process broker included), in bytes.
+fn peak_rss() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM in /proc/self/status")?;
+    Ok(kib * 1024)
+}
+
+/// One zstd RecordBatch v2 of one record whose records section inflates to `frames` times
+/// 64 MiB of zeros (the same small frame repeated: zstd decoders read concatenated frames).
+fn zstd_bomb_batch(frames: usize, timestamp: i64) -> Result<bytes::Bytes> {
+    let frame = zstd::bulk::compress(&vec![0u8; 64 << 20], 19)?;
+    let records: Vec<u8> = frame.repeat(frames);
+    let mut b = Vec::with_capacity(61 + records.len());
+    b.extend_from_slice(&0i64.to_be_bytes()); // base offset
+    b.extend_from_slice(&((49 + records.len()) as i32).to_be_bytes()); // batch length
+    b.extend_from_slice(&0i32.to_be_bytes()); // partition leader epoch
+    b.push(2); // magic
+    b.extend_from_slice(&[0; 4]); // crc, below
+    b.extend_from_slice(&4i16.to_be_bytes()); // attributes: zstd
+    b.extend_from_slice(&0i32.to_be_bytes()); // last offset delta
+    b.extend_from_slice(&timestamp.to_be_bytes()); // base timestamp
+    b.extend_from_slice(&timestamp.to_be_bytes()); // max timestamp
+    b.extend_from_slice(&(-1i64).to_be_bytes()); // producer id
+    b.extend_from_slice(&(-1i16).to_be_bytes()); // producer epoch
+    b.extend_from_slice(&(-1i32).to_be_bytes()); // base sequence
+    b.extend_from_slice(&1i32.to_be_bytes()); // record count
+    b.extend_from_slice(&records);
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(bytes::Bytes::from(b))
+}
+
+#[test]
+fn a_zstd_bomb_gets_an_error_not_the_brokers_memory() -> Result<()> {
+    let broker = InProcessBroker::start(BrokerConfig::default())?;
+    let topic = "times-bomb";
+    let mut raw = RawClient::connect(broker.addr())?;
+    // 64 frames of 64 MiB: 4 GiB once inflated, a few hundred KiB as sent.
+    let bomb = zstd_bomb_batch(64, T0)?;
+    ensure!(bomb.len() < 1 << 20, "bomb is {} bytes", bomb.len());
+    let produced = raw.produce(9, topic, 0, bomb)?;
+    ensure!(
+        produced.error_code == 0,
+        "produce: code {}",
+        produced.error_code
+    );
+
+    let before = peak_rss()?;
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![ListOffsetsTopic::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![ListOffsetsPartition::default()
+                .with_partition_index(0)
+                .with_timestamp(T0)])]);
+    let resp = raw.request(&req, 7)?;
+    let p = &resp.topics[0].partitions[0];
+    let grew = peak_rss()?.saturating_sub(before);
+    ensure!(
+        p.error_code == kafka_protocol::error::ResponseError::UnknownServerError.code(),
+        "ListOffsets over the bomb answered code {} offset {}",
+        p.error_code,
+        p.offset
+    );
+    // The cap is 64 x max.message.bytes (64 MiB by default); inflating would take 4 GiB.
+    ensure!(
+        grew < 512 << 20,
+        "peak resident memory grew by {} MiB while answering",
+        grew >> 20
+    );
+    // The broker still answers, and the log is intact.
+    let (code, hw, _) = raw.fetch(12, topic, 0, 0)?;
+    ensure!(code == 0 && hw == 1, "fetch after: code {code}, hw {hw}");
+    Ok(())
 }

@@ -11,7 +11,9 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 
 use super::RequestContext;
+use crate::decompress::DecompressError;
 use crate::metrics;
+use crate::record_timestamps::RecordScanError;
 use crate::state::BrokerState;
 use crate::storage::Partition;
 
@@ -51,7 +53,17 @@ pub fn handle(
                             .with_timestamp(-1)
                             .with_offset(-1);
                     };
-                    let (offset, timestamp) = lookup(&partition, p.timestamp, read_committed);
+                    let (offset, timestamp) = match lookup(&partition, p.timestamp, read_committed)
+                    {
+                        Ok(found) => found,
+                        Err(e) => {
+                            metrics::partition_error("ListOffsets", e.code());
+                            return base
+                                .with_error_code(e.code())
+                                .with_timestamp(-1)
+                                .with_offset(-1);
+                        }
+                    };
                     let base = base.with_offset(offset).with_timestamp(timestamp);
                     // The leader epoch field exists from v4 on; encoding refuses it before.
                     if ctx.version >= 4 {
@@ -69,9 +81,14 @@ pub fn handle(
     ListOffsetsResponse::default().with_topics(topics)
 }
 
-/// (offset, timestamp) for a ListOffsets timestamp; (-1, -1) when no record qualifies.
-fn lookup(partition: &Partition, timestamp: i64, read_committed: bool) -> (i64, i64) {
-    match timestamp {
+/// (offset, timestamp) for a ListOffsets timestamp; (-1, -1) when no record qualifies. A
+/// batch that inflates past the topic's decompression cap is an error for the partition.
+fn lookup(
+    partition: &Partition,
+    timestamp: i64,
+    read_committed: bool,
+) -> Result<(i64, i64), ResponseError> {
+    Ok(match timestamp {
         EARLIEST => (partition.log_start_offset(), -1),
         LATEST if read_committed => (partition.last_stable_offset(), -1),
         LATEST => (partition.high_watermark(), -1),
@@ -83,45 +100,63 @@ fn lookup(partition: &Partition, timestamp: i64, read_committed: bool) -> (i64, 
             } else {
                 partition.high_watermark()
             };
-            offset_for_timestamp(partition, ts)
+            offset_for_timestamp(partition, ts)?
                 .filter(|&(offset, _)| offset < fetchable)
                 .unwrap_or((-1, -1))
         }
         _ => (-1, -1),
-    }
+    })
 }
 
 /// The first record with timestamp >= `ts`: its offset and timestamp. The storage finds the
 /// first batch whose max timestamp is >= `ts`; its records are decoded to pick the record. A
 /// batch whose records all fall short (an inconsistent max timestamp) is skipped, as Kafka does;
-/// a batch that cannot be decoded answers at batch precision (logged).
-fn offset_for_timestamp(partition: &Partition, ts: i64) -> Option<(i64, i64)> {
-    let (mut next, _) = partition.offset_for_timestamp(ts)?;
+/// a batch that cannot be decoded answers at batch precision (logged); a batch that inflates
+/// past the decompression cap ([`crate::decompress::cap_for`]) is UNKNOWN_SERVER_ERROR (logged),
+/// never an allocation of that size.
+fn offset_for_timestamp(
+    partition: &Partition,
+    ts: i64,
+) -> Result<Option<(i64, i64)>, ResponseError> {
+    let Some((mut next, _)) = partition.offset_for_timestamp(ts) else {
+        return Ok(None);
+    };
+    let cap = crate::decompress::cap_for(partition.log_config().max_message_bytes);
     loop {
         // max_bytes 0: exactly the one (whole) batch containing `next`.
         let bytes = match partition.read(next, 0) {
             Ok(bytes) => bytes,
             Err(e) => {
                 tracing::warn!(offset = next, error = %e, "timestamp lookup read failed");
-                return None;
+                return Ok(None);
             }
         };
-        let header = crate::batch_header::BatchHeader::parse(&bytes)?;
-        let batch = bytes.get(..header.total_len())?;
+        let Some(header) = crate::batch_header::BatchHeader::parse(&bytes) else {
+            return Ok(None);
+        };
+        let Some(batch) = bytes.get(..header.total_len()) else {
+            return Ok(None);
+        };
         if header.max_timestamp >= ts {
-            match crate::record_timestamps::first_record_at_or_after(batch, ts) {
-                Ok(Some(hit)) => return Some(hit),
+            match crate::record_timestamps::first_record_at_or_after(batch, ts, cap) {
+                Ok(Some(hit)) => return Ok(Some(hit)),
                 Ok(None) => {}
+                Err(RecordScanError::Decompress(e @ DecompressError::TooLarge { .. })) => {
+                    tracing::warn!(topic = partition.topic(), partition = partition.index(),
+                        offset = header.base_offset, error = %e,
+                        "ListOffsets by timestamp refused: batch inflates past the cap");
+                    return Err(ResponseError::UnknownServerError);
+                }
                 Err(e) => {
                     tracing::warn!(offset = header.base_offset, error = %e,
                         "cannot decode batch records; answering at batch precision");
-                    return Some((header.base_offset, header.max_timestamp));
+                    return Ok(Some((header.base_offset, header.max_timestamp)));
                 }
             }
         }
         let after = header.last_offset().saturating_add(1);
         if after <= next {
-            return None;
+            return Ok(None);
         }
         next = after;
     }
