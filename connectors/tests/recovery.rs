@@ -302,3 +302,50 @@ fn a_checkpoint_of_the_old_key_group_hash_is_refused_not_restored() {
         other => panic!("expected the old format to be refused, got {other:?}"),
     }
 }
+
+/// A new build of `summarize` in which the state `amounts` became a plain counter.
+fn summarize_with_changed_state(
+    r: (u64, u64, i64),
+    ctx: &mut KeyedContext<'_, u64, Summary>,
+) -> onceflow_runtime::Result<()> {
+    let mut amounts = ctx.value::<u64>("amounts")?;
+    let n = amounts.get().copied().unwrap_or(0) + 1;
+    amounts.set(n);
+    ctx.emit(Summary {
+        key: r.0,
+        count: n,
+        sum: 0,
+        distinct_amounts: 0,
+        ids_seen: 0,
+    });
+    Ok(())
+}
+
+#[test]
+fn a_state_whose_type_changed_is_refused_naming_operator_and_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = CollectSink::new();
+    let (r1, _) = run(
+        checkpointed("changed-state", dir.path(), 2),
+        &sink,
+        Some(3),
+        Some(20_000.0),
+    );
+    r1.expect("first run");
+    let env = StreamEnvironment::new(
+        checkpointed("changed-state", dir.path(), 2).restore(RestoreMode::Latest),
+    );
+    env.source("records", Generator::new(RECORDS, record).splits(12))
+        .key_by(|r: &(u64, u64, i64)| r.0)
+        .process("summarize", summarize_with_changed_state)
+        .sink("collect", CollectSink::new());
+    let err = env
+        .execute_blocking()
+        .expect_err("restoring a changed state type must fail");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("operator `summarize[") && msg.contains("state `amounts`"),
+        "the error must name the operator and the state: {msg}"
+    );
+    assert!(msg.contains("type changed"), "{msg}");
+}

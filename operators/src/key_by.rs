@@ -69,4 +69,5 @@ pub(crate) fn store_for<K: Key>(info: &SubtaskInfo) -> KeyedStateStore<K> {
         info.max_parallelism,
         KeyGroupRange::for_subtask(info.max_parallelism, info.parallelism, info.index),
     )
+    .owned_by(&info.operator, info.index)
 }

@@ -44,6 +44,27 @@ pub enum Error {
         /// Its format version.
         version: u16,
     },
+    /// Restored keyed state does not decode as the type the operator now asks for: the
+    /// state's type changed between the build that took the checkpoint and this one (the
+    /// user's to resolve; a retry cannot help).
+    #[error(
+        "operator `{operator}`: restored state `{state}` (key group {key_group}) does not decode \
+         as {expected}: {reason}. The state's type changed since the checkpoint was taken: \
+         restore it with the old type (or migrate the state), or start from an empty \
+         checkpoint directory"
+    )]
+    StateTypeChanged {
+        /// The operator (and subtask) owning the state.
+        operator: String,
+        /// The state's name.
+        state: String,
+        /// The key group whose bytes failed.
+        key_group: u16,
+        /// The (key, value) type the operator asked for.
+        expected: String,
+        /// What the decoder reported.
+        reason: String,
+    },
     /// A requested checkpoint does not exist or is incomplete.
     #[error("checkpoint {0} not found or incomplete")]
     CheckpointNotFound(u64),
@@ -100,6 +121,7 @@ impl Error {
             Error::InvalidJob(_)
             | Error::Operator { .. }
             | Error::Serialization(_)
+            | Error::StateTypeChanged { .. }
             | Error::IncompatibleCheckpoint { .. } => Fault::User,
             Error::Connector(_)
             | Error::Fatal(_)

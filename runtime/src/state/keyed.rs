@@ -79,6 +79,8 @@ enum Slot<K> {
 
 /// The keyed state of one operator subtask.
 pub struct KeyedStateStore<K> {
+    /// Who owns the store, for error messages (`operator` or `operator[subtask]`).
+    owner: String,
     max_parallelism: usize,
     range: KeyGroupRange,
     tables: Vec<(String, Slot<K>)>,
@@ -88,10 +90,17 @@ impl<K: Key> KeyedStateStore<K> {
     /// An empty store for the key groups of `range`.
     pub fn new(max_parallelism: usize, range: KeyGroupRange) -> Self {
         KeyedStateStore {
+            owner: "unnamed operator".to_string(),
             max_parallelism,
             range,
             tables: Vec::new(),
         }
+    }
+
+    /// Names the operator subtask owning the store; errors about its state name it.
+    pub fn owned_by(mut self, operator: &str, subtask: usize) -> Self {
+        self.owner = format!("{operator}[{subtask}]");
+        self
     }
 
     /// The key-group range this store holds.
@@ -129,10 +138,12 @@ impl<K: Key> KeyedStateStore<K> {
         if let Slot::Raw(groups) = slot {
             let mut table = StateTable::<K, V>::new(range.len());
             for (kg, bytes) in groups.drain(..) {
-                let entries: Vec<(K, V)> = decode(&bytes).map_err(|e| {
-                    Error::Serialization(format!(
-                        "state `{name}` key group {kg} does not decode as the requested type: {e}"
-                    ))
+                let entries: Vec<(K, V)> = decode(&bytes).map_err(|e| Error::StateTypeChanged {
+                    operator: self.owner.clone(),
+                    state: name.to_string(),
+                    key_group: kg,
+                    expected: std::any::type_name::<(K, V)>().to_string(),
+                    reason: e.to_string(),
                 })?;
                 table.groups[usize::from(kg - range.start)].extend(entries);
             }
@@ -143,7 +154,10 @@ impl<K: Key> KeyedStateStore<K> {
                 .as_any_mut()
                 .downcast_mut::<StateTable<K, V>>()
                 .ok_or_else(|| {
-                    Error::InvalidJob(format!("state `{name}` accessed with two different types"))
+                    Error::InvalidJob(format!(
+                        "operator `{}`: state `{name}` accessed with two different types",
+                        self.owner
+                    ))
                 }),
             Slot::Raw(_) => Err(Error::Internal("state table left undecoded".into())),
         }
@@ -386,5 +400,34 @@ mod tests {
         let mut c = KeyedStateStore::<String>::new(max, KeyGroupRange::for_subtask(max, 1, 0));
         c.restore(snap).unwrap();
         assert!(c.table::<String>("sum").is_err());
+    }
+
+    #[test]
+    fn a_state_whose_type_changed_names_the_operator_and_the_state() {
+        let max = 4;
+        let range = KeyGroupRange::for_subtask(max, 1, 0);
+        let mut a = KeyedStateStore::<String>::new(max, range).owned_by("totals", 0);
+        let k = "key".to_string();
+        let g = a.group_index(&k).unwrap();
+        ValueState::new(a.table::<(String, String)>("sum").unwrap(), g, &k)
+            .set(("a".into(), "b".into()));
+        let mut b = KeyedStateStore::<String>::new(max, range).owned_by("totals", 0);
+        b.restore(a.snapshot().unwrap()).unwrap();
+        let Err(err) = b.table::<Vec<u64>>("sum") else {
+            panic!("a type change must be detected");
+        };
+        assert!(
+            matches!(&err, Error::StateTypeChanged { operator, state, .. }
+                if operator == "totals[0]" && state == "sum"),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("operator `totals[0]`")
+                && message.contains("state `sum`")
+                && message.contains("Vec<u64>"),
+            "{message}"
+        );
+        assert_eq!(err.fault(), crate::error::Fault::User);
     }
 }
