@@ -4,6 +4,10 @@
 //! keeps the valid ones after it (the group offsets and transaction logs) or truncates the
 //! partition there (segments) and reports the drop; a torn tail is cut without the flag. A
 //! segment batch damaged while the broker runs is never delivered to a librdkafka consumer.
+//! Files derived from the log (offset indexes, producer-state snapshots, the aborted-transaction
+//! index, the topic registry) damaged in the middle are rebuilt from the log with a warning
+//! naming the file, and the log, high watermark, producer states and aborted transactions come
+//! out exactly as before.
 
 mod common;
 
@@ -403,4 +407,161 @@ fn rdkafka_consumer_never_receives_a_batch_whose_crc_fails() -> Result<()> {
     assert!(status.success());
     assert!(broker.all_logs().contains("fetch refused"));
     Ok(())
+}
+
+/// What a partition's durable files say, compared before and after a derived file is damaged.
+#[derive(Debug, PartialEq)]
+struct PartitionFacts {
+    segment: Vec<u8>,
+    high_watermark: i64,
+    idempotent: Option<onceflow_broker::storage::producer_state::ProducerEntry>,
+    aborted_producer: Option<onceflow_broker::storage::producer_state::ProducerEntry>,
+    aborted: Vec<onceflow_broker::storage::AbortedTxn>,
+    topics: Vec<(String, i32)>,
+}
+
+const IDEMPOTENT_PID: i64 = 7;
+const ABORTED_PID: i64 = 9;
+const COMMITTED_PID: i64 = 11;
+
+fn facts(dir: &Path) -> PartitionFacts {
+    let store = store(dir);
+    let p = store.partition("t", 0).unwrap();
+    let hw = p.high_watermark();
+    PartitionFacts {
+        segment: std::fs::read(dir.join(SEGMENT)).unwrap(),
+        high_watermark: hw,
+        idempotent: p.producer_state(IDEMPOTENT_PID),
+        aborted_producer: p.producer_state(ABORTED_PID),
+        aborted: p.aborted_transactions(0, hw),
+        topics: store.topics(),
+    }
+}
+
+/// Topic `t` (one partition, several index entries) with an idempotent producer, an aborted
+/// and a committed transaction, flushed so a producer-state snapshot exists; and a second
+/// topic so the registry lists more than one.
+fn write_partition_with_derived_files(dir: &Path) -> PartitionFacts {
+    use onceflow_broker::storage::batch::ATTR_TRANSACTIONAL;
+    let store = store(dir);
+    store.create_topic("t", 1).unwrap();
+    store.create_topic("other", 3).unwrap();
+    let p = store.partition("t", 0).unwrap();
+    let mut seq = 0;
+    let mut idempotent = |p: &onceflow_broker::storage::Partition, n: usize| {
+        for _ in 0..n {
+            let v = value(seq as usize);
+            let rec = RecordSpec {
+                timestamp: seq as i64,
+                key: None,
+                value: Some(&v),
+                headers: vec![],
+            };
+            let spec = BatchSpec {
+                producer_id: IDEMPOTENT_PID,
+                producer_epoch: 0,
+                base_sequence: seq,
+                ..BatchSpec::default()
+            };
+            p.append(encode_batch(spec, &[rec]).freeze()).unwrap();
+            seq += 1;
+        }
+    };
+    idempotent(&p, 40);
+    for (pid, commit) in [(ABORTED_PID, false), (COMMITTED_PID, true)] {
+        let v = value(1000);
+        let rec = RecordSpec {
+            timestamp: 5,
+            key: None,
+            value: Some(&v),
+            headers: vec![],
+        };
+        let spec = BatchSpec {
+            attributes: ATTR_TRANSACTIONAL,
+            producer_id: pid,
+            producer_epoch: 0,
+            base_sequence: 0,
+            ..BatchSpec::default()
+        };
+        p.append(encode_batch(spec, &[rec]).freeze()).unwrap();
+        p.append_marker(pid, 0, commit, 0, 6).unwrap();
+    }
+    idempotent(&p, 40);
+    store.flush_all().unwrap();
+    drop(p);
+    drop(store);
+    let before = facts(dir);
+    assert_eq!(
+        before.aborted.len(),
+        1,
+        "the aborted transaction is indexed"
+    );
+    assert!(before.idempotent.is_some());
+    before
+}
+
+/// The one file in `t-0/` with extension `ext`.
+fn partition_file(dir: &Path, ext: &str) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir.join("t-0"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    assert_eq!(files.len(), 1, "{ext} files: {files:?}");
+    files.into_iter().next().unwrap()
+}
+
+/// Flips a byte in the middle of `path`, starts the broker binary without the repair flag,
+/// expects `warning` in its log next to the file's name, and checks nothing changed.
+fn derived_file_is_rebuilt(path_of: impl Fn(&Path) -> PathBuf, warning: &str) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let before = write_partition_with_derived_files(dir.path());
+    let path = path_of(dir.path());
+    let len = std::fs::metadata(&path)?.len() as usize;
+    anyhow::ensure!(len > 40, "{} is only {len} bytes", path.display());
+    flip(&path, len / 2);
+    let log = started(dir.path(), false)?;
+    let named = log
+        .lines()
+        .any(|l| l.contains(warning) && l.contains(&path.display().to_string()));
+    anyhow::ensure!(
+        named,
+        "no warning {warning:?} naming {}: {log}",
+        path.display()
+    );
+    anyhow::ensure!(
+        facts(dir.path()) == before,
+        "rebuilding {} changed the partition",
+        path.display()
+    );
+    // And the rebuilt file is trusted on the next start.
+    let log = started(dir.path(), false)?;
+    anyhow::ensure!(!log.contains(warning), "rebuilt twice: {log}");
+    Ok(())
+}
+
+#[test]
+fn damaged_offset_index_is_rebuilt_from_the_log() -> Result<()> {
+    derived_file_is_rebuilt(|d| partition_file(d, "index"), "offset index damaged")
+}
+
+#[test]
+fn damaged_producer_snapshot_is_discarded_and_replayed() -> Result<()> {
+    derived_file_is_rebuilt(
+        |d| partition_file(d, "snapshot"),
+        "discarding producer-state snapshot",
+    )
+}
+
+#[test]
+fn damaged_aborted_transaction_index_is_rederived() -> Result<()> {
+    derived_file_is_rebuilt(
+        |d| d.join("t-0/aborted.txnindex"),
+        "aborted-transaction index damaged",
+    )
+}
+
+#[test]
+fn damaged_topic_registry_is_rebuilt_from_partition_directories() -> Result<()> {
+    derived_file_is_rebuilt(|d| d.join("topics.registry"), "topic registry not trusted")
 }

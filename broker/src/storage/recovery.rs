@@ -241,6 +241,11 @@ fn recover_segment(
     let loaded = index::load(stored.as_deref(), base, len);
     let mut entries = loaded.entries;
     let mut rewrite = loaded.damaged;
+    if loaded.damaged && stored.is_some() {
+        // The index is derived from the log: its damaged part is rebuilt, nothing is lost.
+        tracing::warn!(file = %index_path.display(), kept_entries = entries.len(),
+            "offset index damaged; keeping its valid prefix and rebuilding the rest from the log");
+    }
     if let Some(last) = entries.last().copied() {
         let mut walker = HeaderWalker::new(log.as_ref(), len);
         let matches = matches!(walker.header_at(last.position), Ok(Some(Ok(h))) if h.base_offset == last.offset);
