@@ -1,7 +1,10 @@
 //! The start-up safety checks: a transaction timeout that does not
 //! exceed the checkpoint interval (plus the recovery allowance), or that exceeds the broker's
 //! maximum, is refused at start with exit code 2 and a message that says what to change;
-//! a valid configuration starts (so the check does not refuse everything).
+//! a valid configuration starts (so the check does not refuse everything). Kafka client
+//! properties (`--kafka-property`, `--kafka-properties-file`) reach the job's clients, secret
+//! values never appear in its output, and two-phase-commit mode is refused on a secured
+//! cluster, whose recovery client it cannot reach.
 
 mod eos_common;
 
@@ -232,4 +235,95 @@ fn group_offsets_without_their_checkpoint_are_refused() {
     );
     drop(broker);
     finish_dir(dir);
+}
+
+/// Reads the whole stderr log of a job (not only the tail).
+fn all_output(job: &Proc) -> String {
+    format!(
+        "{}\n{}",
+        job.lines().join("\n"),
+        job.stderr_tail(usize::MAX)
+    )
+}
+
+#[test]
+fn two_phase_commit_on_a_secured_cluster_is_refused() {
+    let dir = scenario_dir("eos_config_secured_2pc");
+    bins();
+    let broker = Broker::start(dir.path(), &[]);
+    let mut args = JobArgs::new("two-phase-commit", dir.path());
+    args.extra_args = vec![
+        "--kafka-property".into(),
+        "security.protocol=SASL_SSL".into(),
+    ];
+    let mut job = spawn_job(broker.bootstrap(), &args, "secured");
+    assert_refused(&mut job, &[&["transactional-offsets"], &["plaintext"]]);
+}
+
+#[test]
+fn an_unknown_kafka_property_is_refused_by_name() {
+    let dir = scenario_dir("eos_config_unknown_property");
+    let mut args = JobArgs::new("transactional-offsets", dir.path());
+    let (broker, _data) = setup(dir.path(), &args, 10, seed("eos_config_unknown_property"));
+    args.extra_args = vec![
+        "--kafka-property".into(),
+        "no.such.librdkafka.property=1".into(),
+    ];
+    let mut job = spawn_job(broker.bootstrap(), &args, "unknown-property");
+    let status = job.wait_exit(STOP_TIMEOUT);
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "a job with an unknown client property must fail (status {status:?})\n{}",
+        job.describe()
+    );
+    assert!(
+        all_output(&job).contains("no.such.librdkafka.property"),
+        "the failure must name the property\n{}",
+        job.describe()
+    );
+}
+
+#[test]
+fn kafka_properties_reach_the_clients_and_secrets_never_print() {
+    let test = "eos_config_properties";
+    let dir = scenario_dir(test);
+    let mut args = JobArgs::new("transactional-offsets", dir.path());
+    let (broker, data) = setup(dir.path(), &args, 300, seed(test));
+    produce_all(broker.bootstrap(), &args.input, &data);
+    const SECRET: &str = "pa55-never-in-logs-7f3a";
+    let props = dir.path().join("client.properties");
+    std::fs::write(
+        &props,
+        format!("# test credentials\nsasl.username=onceflow\nsasl.password={SECRET}\n"),
+    )
+    .expect("write properties file");
+    args.extra_args = vec![
+        "--kafka-properties-file".into(),
+        props.display().to_string(),
+        "--kafka-property".into(),
+        "client.rack=rack-7".into(),
+        "--max-records".into(),
+        data.records.len().to_string(),
+    ];
+    // debug level: the most a user would turn on while chasing a problem
+    args.env = vec![("RUST_LOG".into(), "debug".into())];
+    let mut job = spawn_job(broker.bootstrap(), &args, "properties");
+    let status = job.wait_exit(STOP_TIMEOUT);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the job with client properties did not finish (status {status:?})\n{}",
+        job.describe()
+    );
+    let output = all_output(&job);
+    assert!(
+        output.contains("client.rack=rack-7") && output.contains("sasl.password=[redacted]"),
+        "the job does not report its client properties\n{}",
+        job.describe()
+    );
+    assert!(
+        !output.contains(SECRET),
+        "the configured password appears in the job's output"
+    );
+    let report = check_output(broker.bootstrap(), &args, &data);
+    assert!(report.is_exact(), "output not exact: {report:?}");
 }

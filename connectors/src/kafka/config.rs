@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{KafkaError, Result};
+use super::{ClientProperties, KafkaError, Result};
 
 /// Delivery guarantee of a [`super::KafkaSink`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +67,8 @@ pub struct KafkaSinkConfig {
     pub ring_slots: usize,
     /// Extra librdkafka producer properties.
     pub producer_properties: Vec<(String, String)>,
+    /// librdkafka properties of every client the sink makes (security, timeouts, ...).
+    pub client_properties: ClientProperties,
 }
 
 impl KafkaSinkConfig {
@@ -83,6 +85,7 @@ impl KafkaSinkConfig {
             recovery_allowance: Duration::from_secs(30),
             ring_slots: 3,
             producer_properties: Vec::new(),
+            client_properties: ClientProperties::new(),
         }
     }
 
@@ -122,6 +125,12 @@ impl KafkaSinkConfig {
         self
     }
 
+    /// Sets the properties of every client the sink makes (TLS, SASL, timeouts).
+    pub fn client_properties(mut self, properties: ClientProperties) -> Self {
+        self.client_properties = properties;
+        self
+    }
+
     /// Local checks (no network): the timeout rule, a non-empty prefix, a ring of 3 or more.
     pub fn validate(&self) -> Result<()> {
         if self.brokers.trim().is_empty() {
@@ -140,6 +149,7 @@ impl KafkaSinkConfig {
                 None,
             )?;
         }
+        check_mode_security(self.mode, &self.client_properties)?;
         if self.mode == DeliveryMode::TwoPhaseCommit && self.ring_slots < 3 {
             return Err(KafkaError::Config(format!(
                 "ring_slots is {}, needs at least 3 (one open, one pre-committed, one committed but still named by the latest complete checkpoint)",
@@ -148,6 +158,22 @@ impl KafkaSinkConfig {
         }
         Ok(())
     }
+}
+
+/// Two-phase-commit recovery commits the pre-committed transactions of a crashed run through
+/// onceflow's own Kafka client ([`super::committer`]), which speaks PLAINTEXT only: on a
+/// cluster that needs TLS or SASL that mode is refused at start, with the way out.
+pub fn check_mode_security(mode: DeliveryMode, properties: &ClientProperties) -> Result<()> {
+    if mode == DeliveryMode::TwoPhaseCommit && !properties.is_plaintext() {
+        return Err(KafkaError::Config(format!(
+            "--mode two-phase-commit cannot run with security.protocol={}: its recovery commits \
+             the pre-committed transactions of a crashed run through onceflow's own Kafka \
+             client, which speaks PLAINTEXT only; use --mode transactional-offsets on a \
+             secured cluster",
+            properties.security_protocol()
+        )));
+    }
+    Ok(())
 }
 
 /// The rule: `timeout > interval + allowance` and, when the broker's maximum is known,

@@ -2,6 +2,7 @@
 //! modes (see [`DeliveryMode`] and docs/KAFKA.md): checkpoint-aligned two-phase commit,
 //! transactional offsets (Kafka Streams' EOS v2 model), at-least-once and none.
 
+pub mod client_properties;
 pub mod committer;
 pub mod config;
 pub mod job;
@@ -11,7 +12,10 @@ pub mod registry;
 pub mod sink;
 pub mod source;
 
-pub use config::{validate_transaction_timeout, DeliveryMode, KafkaSinkConfig};
+pub use client_properties::ClientProperties;
+pub use config::{
+    check_mode_security, validate_transaction_timeout, DeliveryMode, KafkaSinkConfig,
+};
 pub use job::{exit_code, JobPlacement, JobSummary, KafkaJob, KafkaJobArgs, KafkaOutputs};
 pub use json::{Decoder, KafkaMessage};
 pub use registry::PrefixClaim;

@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::kafka::ClientProperties;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
@@ -61,11 +61,16 @@ impl PrefixClaim {
     /// Refuses if a live job with another identity uses `prefix`, else joins the registry
     /// group. `job_identity` names the job, not the process: the example uses its checkpoint
     /// directory, which every instance of one job shares. Blocking.
-    pub fn claim(brokers: &str, prefix: &str, job_identity: &str) -> Result<PrefixClaim> {
+    pub fn claim(
+        brokers: &str,
+        properties: &ClientProperties,
+        prefix: &str,
+        job_identity: &str,
+    ) -> Result<PrefixClaim> {
         let group = registry_group(prefix);
         let me = job_client_id(job_identity);
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        let consumer: BaseConsumer = properties
+            .client_config(brokers)
             .set("group.id", &group)
             .set("client.id", &me)
             .set("enable.auto.commit", "false")
@@ -88,7 +93,7 @@ impl PrefixClaim {
                 }
             }
         }
-        ensure_registry_topic(brokers)?;
+        ensure_registry_topic(brokers, properties)?;
         consumer
             .subscribe(&[REGISTRY_TOPIC])
             .map_err(|e| KafkaError::client("joining the prefix registry group", e))?;
@@ -125,9 +130,9 @@ impl Drop for PrefixClaim {
     }
 }
 
-fn ensure_registry_topic(brokers: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+fn ensure_registry_topic(brokers: &str, properties: &ClientProperties) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = properties
+        .client_config(brokers)
         .create()
         .map_err(|e| KafkaError::client("creating an admin client", e))?;
     let topic = NewTopic::new(REGISTRY_TOPIC, 1, TopicReplication::Fixed(1));

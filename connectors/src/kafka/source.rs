@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use onceflow_runtime::{async_trait, CheckpointId, Source, SourceFactory, SourcePoll, SubtaskInfo};
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::message::Message;
 use rdkafka::{ClientContext, Offset, Statistics, TopicPartitionList};
@@ -18,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::json::{Decoder, KafkaMessage};
 use super::sink::OffsetsLink;
-use super::{metrics as m, KafkaError};
+use super::{metrics as m, ClientProperties, KafkaError};
 
 const META_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -42,6 +41,7 @@ pub struct KafkaSource<T> {
     group: String,
     decoder: Decoder<T>,
     properties: Vec<(String, String)>,
+    client_properties: ClientProperties,
     link: Option<OffsetsLink>,
 }
 
@@ -54,6 +54,7 @@ impl<T> KafkaSource<T> {
             group: "onceflow".into(),
             decoder,
             properties: Vec::new(),
+            client_properties: ClientProperties::new(),
             link: None,
         }
     }
@@ -61,6 +62,13 @@ impl<T> KafkaSource<T> {
     /// Sets the consumer group id (used for committed offsets in transactional-offsets mode).
     pub fn group(mut self, group: impl Into<String>) -> Self {
         self.group = group.into();
+        self
+    }
+
+    /// Sets the properties every client of the job uses (TLS, SASL, timeouts); consumer-only
+    /// ones go through [`KafkaSource::property`].
+    pub fn client_properties(mut self, properties: ClientProperties) -> Self {
+        self.client_properties = properties;
         self
     }
 
@@ -173,9 +181,8 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
     type Source = KafkaSourceReader<T>;
 
     fn create(&self, info: &SubtaskInfo) -> onceflow_runtime::Result<KafkaSourceReader<T>> {
-        let mut cfg = ClientConfig::new();
-        cfg.set("bootstrap.servers", &self.brokers)
-            .set("group.id", &self.group)
+        let mut cfg = self.client_properties.client_config(&self.brokers);
+        cfg.set("group.id", &self.group)
             .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")

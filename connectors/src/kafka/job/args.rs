@@ -2,11 +2,12 @@
 //! flags in one clap struct that a job flattens into its own parser.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use onceflow_runtime::JobArgs;
 
-use crate::kafka::{DeliveryMode, KafkaError, Result};
+use crate::kafka::{check_mode_security, ClientProperties, DeliveryMode, KafkaError, Result};
 
 /// Flags every Kafka job binary understands (`#[command(flatten)] kafka: KafkaJobArgs`).
 ///
@@ -40,6 +41,14 @@ pub struct KafkaJobArgs {
     /// Time a restart may take before the recovery commit.
     #[arg(long, default_value_t = 30_000)]
     pub recovery_allowance_ms: u64,
+    /// A librdkafka property for every Kafka client of the job (consumer, producers, admin),
+    /// e.g. `security.protocol=SASL_SSL`; repeatable; after the properties file.
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
+    pub kafka_properties: Vec<String>,
+    /// A file of librdkafka properties (`KEY=VALUE` lines, `#` comments) for every Kafka
+    /// client of the job; keeps secrets off the command line.
+    #[arg(long, value_name = "PATH")]
+    pub kafka_properties_file: Option<PathBuf>,
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -72,6 +81,7 @@ pub(crate) struct Settings {
     pub timeout: Duration,
     pub allowance: Duration,
     pub parallelism: usize,
+    pub properties: ClientProperties,
 }
 
 impl KafkaJobArgs {
@@ -95,6 +105,20 @@ impl KafkaJobArgs {
                 mode_name(self.mode)
             )));
         }
+        let mut properties = ClientProperties::new();
+        if let Some(file) = &self.kafka_properties_file {
+            properties.load_file(file)?;
+        }
+        for assignment in &self.kafka_properties {
+            properties.set_assignment(assignment)?;
+        }
+        check_mode_security(self.mode, &properties)?;
+        if self.brokers.is_none() && !properties.is_plaintext() {
+            return Err(KafkaError::Config(format!(
+                "security.protocol={} needs --brokers: the embedded broker listens on PLAINTEXT only",
+                properties.security_protocol()
+            )));
+        }
         let s = Settings {
             mode: self.mode,
             input: self.input.clone().unwrap_or_else(|| format!("{job}-input")),
@@ -114,6 +138,7 @@ impl KafkaJobArgs {
             timeout: Duration::from_millis(self.transaction_timeout_ms),
             allowance: Duration::from_millis(self.recovery_allowance_ms),
             parallelism: rt.parallelism,
+            properties,
         };
         if s.mode.is_transactional() {
             crate::kafka::validate_transaction_timeout(s.timeout, s.interval, s.allowance, None)?;
@@ -166,6 +191,31 @@ mod tests {
         assert!(refused(&["job", "--checkpoint-interval-ms", "0"]));
         assert!(refused(&["job", "--transaction-timeout-ms", "5000"]));
         assert!(refused(&["job", "--restore", "latest"]));
+        assert!(refused(&["job", "--kafka-property", "group.id=other"]));
+        assert!(refused(&["job", "--kafka-property", "no-equals"]));
+        assert!(refused(&[
+            "job",
+            "--brokers",
+            "h:1",
+            "--kafka-property",
+            "security.protocol=SASL_SSL"
+        ]));
+        assert!(refused(&[
+            "job",
+            "--mode",
+            "transactional-offsets",
+            "--kafka-property",
+            "security.protocol=SSL"
+        ]));
+        assert!(!refused(&[
+            "job",
+            "--brokers",
+            "h:1",
+            "--mode",
+            "transactional-offsets",
+            "--kafka-property",
+            "security.protocol=SSL"
+        ]));
         assert!(!refused(&[
             "job",
             "--mode",

@@ -256,7 +256,11 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             .transactional_id_prefix(s.prefix.clone())
             .transaction_timeout(s.timeout)
             .checkpoint_interval(s.interval)
-            .recovery_allowance(s.allowance);
+            .recovery_allowance(s.allowance)
+            .client_properties(s.properties.clone());
+        if !s.properties.is_empty() {
+            tracing::info!(properties = %s.properties.describe(), "Kafka client properties");
+        }
         let restore_flag = self.args.runtime.restore.unwrap_or(RestoreMode::Latest);
         let started = startup::start(
             &s,
@@ -293,8 +297,9 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             counter.processed.fetch_add(1, Ordering::Relaxed);
             inner.decode_owned(m)
         });
-        let mut source =
-            KafkaSource::new(brokers.clone(), s.input.clone(), decoder).group(s.group.clone());
+        let mut source = KafkaSource::new(brokers.clone(), s.input.clone(), decoder)
+            .group(s.group.clone())
+            .client_properties(s.properties.clone());
         if let Some(link) = &started.link {
             source = source.offsets_link(link.clone());
         }

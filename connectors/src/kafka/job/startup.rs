@@ -57,7 +57,14 @@ pub(crate) fn start(
         });
     }
 
-    match helper.block_on(committer::broker_max_transaction_timeout(brokers)) {
+    let max_timeout = if sink_cfg.client_properties.is_plaintext() {
+        helper.block_on(committer::broker_max_transaction_timeout(brokers))
+    } else {
+        // onceflow's own client speaks PLAINTEXT only; the broker enforces its maximum itself
+        // (InitProducerId fails with INVALID_TRANSACTION_TIMEOUT)
+        Ok(None)
+    };
+    match max_timeout {
         Ok(Some(max)) => validate_transaction_timeout(s.timeout, s.interval, s.allowance, Some(max))?,
         Ok(None) => tracing::info!(
             "the broker does not report transaction.max.timeout.ms; skipping the broker-maximum check"
@@ -70,7 +77,7 @@ pub(crate) fn start(
         .map_err(|e| KafkaError::Config(format!("checkpoint directory {}: {e}", dir.display())))?
         .display()
         .to_string();
-    let claim = PrefixClaim::claim(brokers, &s.prefix, &identity)?;
+    let claim = PrefixClaim::claim(brokers, &sink_cfg.client_properties, &s.prefix, &identity)?;
 
     // 1. fence every older instance: from now on none of them can complete a checkpoint
     //    (two-phase commit: the seal; transactional offsets: the instance producer)
@@ -96,7 +103,12 @@ pub(crate) fn start(
         }
     };
     // 3. the group's committed offsets name the newest complete checkpoint, for good now
-    let restore = match committed_checkpoint(brokers, &s.group, &s.input)? {
+    let restore = match committed_checkpoint(
+        brokers,
+        &sink_cfg.client_properties,
+        &s.group,
+        &s.input,
+    )? {
         Some(c) => {
             let complete = LocalDirStorage::new(dir)
                 .and_then(|st| st.list_complete())

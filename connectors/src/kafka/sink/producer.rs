@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError as RdError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{ClientContext, Statistics};
@@ -60,8 +59,8 @@ pub fn create(
     txn_id: Option<&str>,
     idempotent: bool,
 ) -> Result<(Arc<Prod>, Ctx)> {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &cfg.brokers)
+    let mut c = cfg.client_properties.client_config(&cfg.brokers);
+    c
         // only failed deliveries are reported: the sinks look at nothing else, and a report
         // per acknowledged record cost the writing subtask an event per produce response and
         // a callback per record; `in_flight_count` still counts records until their ack

@@ -9,13 +9,13 @@
 //! committed (restore exactly that one); init_transactions fences the previous instance and
 //! aborts its open transaction.
 
+use crate::kafka::ClientProperties;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use onceflow_runtime::{CheckpointId, SubtaskInfo};
 use parking_lot::Mutex;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
@@ -361,11 +361,12 @@ impl OffsetsWriter {
 /// (from the offsets' metadata), `None` if the group has no committed offsets.
 pub fn committed_checkpoint(
     brokers: &str,
+    properties: &ClientProperties,
     group: &str,
     topic: &str,
 ) -> super::super::Result<Option<CheckpointId>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let consumer: BaseConsumer = properties
+        .client_config(brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
