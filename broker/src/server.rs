@@ -89,6 +89,12 @@ impl BrokerHandle {
         self.local_addr.to_string()
     }
 
+    /// The broker's shared state, for driving handlers without a socket (fuzzing, tests).
+    #[doc(hidden)]
+    pub fn state(&self) -> &Arc<BrokerState> {
+        &self.state
+    }
+
     /// The bound Prometheus endpoint, when `metrics_listen` was configured.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
