@@ -457,6 +457,11 @@ impl Broker {
         &self.addr
     }
 
+    /// The process id of the running broker.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(Proc::pid)
+    }
+
     /// kill -9 of the broker process.
     pub fn kill9(&mut self) {
         if let Some(mut p) = self.proc.take() {
