@@ -251,6 +251,12 @@ fn admin_apis_describe_real_transactions_and_abort_an_open_one() -> Result<()> {
     assert!(open0.last_timestamp > 0);
     let committed0 = on(p0, committed_pid).context("committed producer")?;
     assert_eq!(committed0.current_txn_start_offset, -1);
+    // The coordinator epoch of the last marker (this in-memory broker's first run: 0); the
+    // open producer has had no marker yet.
+    assert_eq!(
+        (committed0.coordinator_epoch, open0.coordinator_epoch),
+        (0, -1)
+    );
     let open1 = on(p1, open_pid).context("open producer on partition 1")?;
     assert_eq!((p1.len(), open1.current_txn_start_offset), (1, 0));
 
@@ -316,6 +322,7 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
         &["--default-partitions", "1"],
     )?;
     let bs = broker.bootstrap();
+    let kept = one_txn(&bs, "kept", "kept-committed", &[0], Some(true));
     let open = one_txn(&bs, "lost", "lost-open", &[0], None);
     let mut raw = RawClient::connect(broker.addr())?;
     let d = describe_txns(&mut raw, &["lost"])?;
@@ -325,6 +332,7 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
     // The coordinator's log is lost: the partition keeps an open transaction nobody will end.
     broker.kill9()?;
     drop(open);
+    drop(kept);
     let log = dir
         .path()
         .join("__transaction_state")
@@ -350,6 +358,14 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
         bail!("expected one hanging producer, got {parts:?}");
     };
     assert_eq!((h.producer_id.0, h.producer_epoch), (pid, i32::from(epoch)));
+    // The committed producer's marker epoch is recovered from the log.
+    let committed: Vec<i32> = parts[0]
+        .1
+        .iter()
+        .filter(|p| p.producer_id.0 != pid)
+        .map(|p| p.coordinator_epoch)
+        .collect();
+    assert_eq!(committed, vec![0], "{parts:?}");
 
     let plain = plain_producer(&bs);
     send(&plain, TOPIC, 0, "after-lost");
@@ -368,6 +384,6 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
     );
 
     let read = read_committed_until(&bs, &[(TOPIC, 0)], &["after-lost"])?;
-    assert_eq!(read, vec!["after-lost"]);
+    assert_eq!(read, vec!["kept-committed", "after-lost"]);
     Ok(())
 }

@@ -422,7 +422,12 @@ impl Partition {
                     aborts.push((h.producer_id, first, h.base_offset));
                 }
             }
-            if let Some(e) = ProducerStates::apply(current.cloned(), &h) {
+            if let Some(mut e) = ProducerStates::apply(current.cloned(), &h) {
+                if let Some(epoch) =
+                    txn_index::marker_coordinator_epoch(&records[*pos..*pos + h.size], &h)
+                {
+                    e.coordinator_epoch = epoch;
+                }
                 staged.push((h.producer_id, e));
             }
             assigned.push(h);
