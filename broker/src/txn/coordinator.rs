@@ -449,17 +449,23 @@ impl Coordinator {
             .map(Some)
     }
 
-    /// Whether `producer_id` has a transaction open or ending here that includes `partition`
-    /// (then only the coordinator may write its markers).
-    pub fn claims_partition(&self, producer_id: i64, topic: &str, partition: i32) -> bool {
+    /// The state of `producer_id`'s transaction if it is open or ending here and includes
+    /// `partition` (then only the coordinator may write its markers), else `None`.
+    pub fn claims_partition(
+        &self,
+        producer_id: i64,
+        topic: &str,
+        partition: i32,
+    ) -> Option<TxnState> {
         self.by_pid
             .get(&producer_id)
             .and_then(|id| self.txns.get(id))
-            .is_some_and(|m| {
+            .filter(|m| {
                 m.producer_id == producer_id
                     && (m.state == TxnState::Ongoing || m.state.is_preparing())
                     && m.partitions.contains(&(topic.to_string(), partition))
             })
+            .map(|m| m.state)
     }
 
     /// Records that every marker of `job` is written: PrepareX -> CompleteX. Returns the

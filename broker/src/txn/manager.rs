@@ -502,13 +502,20 @@ impl TxnManager {
                 codes.push(0);
                 continue;
             }
-            if self
+            let claimed = self
                 .coordinator()
-                .claims_partition(producer_id, topic, *index)
-            {
-                tracing::info!(%topic, partition = index, producer_id, epoch,
-                    "operator abort refused: the coordinator owns this transaction at another epoch");
-                codes.push(ResponseError::InvalidProducerEpoch.code());
+                .claims_partition(producer_id, topic, *index);
+            if let Some(state) = claimed {
+                // Ending already (its markers are owed: retry later), or running at another
+                // epoch than the operator named.
+                let code = if state.is_preparing() {
+                    ResponseError::ConcurrentTransactions
+                } else {
+                    ResponseError::InvalidProducerEpoch
+                };
+                tracing::info!(%topic, partition = index, producer_id, epoch, state = state.name(),
+                    "operator abort refused: the coordinator owns this transaction");
+                codes.push(code.code());
                 continue;
             }
             let written =
