@@ -127,6 +127,51 @@ mod tests {
         assert_eq!(reopened.partition("t", 0).unwrap().log_end_offset(), 1);
     }
 
+    /// A crash at every sync point of a grow leaves the old or the new count, and the new
+    /// one whenever the grow returned success; a failed grow changes nothing in memory.
+    #[test]
+    fn a_crash_anywhere_in_a_grow_leaves_the_old_or_the_new_count() {
+        let mut saw_failure = false;
+        for syncs in 0..64 {
+            let backend = Arc::new(MemBackend::new());
+            let store = open(&backend);
+            store.create_topic("t", 2).unwrap();
+            let batch = encode_batch(BatchSpec::default(), &[RecordSpec::default()]);
+            store
+                .partition("t", 1)
+                .unwrap()
+                .append(batch.freeze())
+                .unwrap();
+            backend.fail_syncs_after(syncs);
+            let grew = store.add_partitions("t", 4);
+            let in_memory = store.topics();
+            let image = Arc::new(backend.crash_image());
+            let reopened = open(&image);
+            let after_crash = reopened.topics();
+            match grew {
+                Ok(()) => {
+                    assert_eq!(in_memory, vec![("t".to_string(), 4)]);
+                    assert_eq!(after_crash, vec![("t".to_string(), 4)], "syncs {syncs}");
+                }
+                Err(_) => {
+                    saw_failure = true;
+                    assert_eq!(in_memory, vec![("t".to_string(), 2)], "syncs {syncs}");
+                    assert!(
+                        after_crash == vec![("t".to_string(), 2)]
+                            || after_crash == vec![("t".to_string(), 4)],
+                        "syncs {syncs}: {after_crash:?}"
+                    );
+                }
+            }
+            assert_eq!(reopened.partition("t", 1).unwrap().log_end_offset(), 1);
+            if grew.is_ok() {
+                assert!(saw_failure, "no sync point was ever hit");
+                return;
+            }
+        }
+        panic!("the grow never succeeded");
+    }
+
     #[test]
     fn bad_counts_and_unknown_topics_change_nothing() {
         let backend = Arc::new(MemBackend::new());
