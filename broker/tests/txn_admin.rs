@@ -4,7 +4,8 @@
 //! (rust-rdkafka's admin has no such calls), and an operator finds the open transaction and
 //! aborts it with WriteTxnMarkers, after which a read_committed consumer reads past it. A
 //! second test makes a truly hanging transaction (its coordinator state lost with the
-//! transaction log) and aborts it the same way.
+//! transaction log) and aborts it the same way. A third throws array-count bombs at every
+//! admin API: each closes only its own connection.
 
 mod common;
 mod txn_support;
@@ -13,6 +14,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
+use bytes::{BufMut, BytesMut};
 use common::{BrokerProcess, InProcessBroker, RawClient, Storage};
 use kafka_protocol::messages::describe_producers_request::TopicRequest;
 use kafka_protocol::messages::describe_producers_response::ProducerState;
@@ -385,5 +387,57 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
 
     let read = read_committed_until(&bs, &[(TOPIC, 0)], &["after-lost"])?;
     assert_eq!(read, vec!["kept-committed", "after-lost"]);
+    Ok(())
+}
+
+/// A request frame with a hand-written header (v2 with an empty tag section when
+/// `flexible`) and `body`.
+fn hand_frame(api_key: i16, version: i16, flexible: bool, body: &[u8]) -> BytesMut {
+    let mut inner = BytesMut::new();
+    inner.put_i16(api_key);
+    inner.put_i16(version);
+    inner.put_i32(7);
+    inner.put_i16(4);
+    inner.put_slice(b"bomb");
+    if flexible {
+        inner.put_u8(0);
+    }
+    inner.put_slice(body);
+    let mut frame = BytesMut::new();
+    frame.put_i32(inner.len() as i32);
+    frame.put_slice(&inner);
+    frame
+}
+
+#[test]
+fn admin_request_bombs_close_only_their_connection() -> Result<()> {
+    let broker = InProcessBroker::start(BrokerConfig::default())?;
+    let compact_bomb: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0x0f];
+    let bombs: [(&str, i16, i16, bool, Vec<u8>); 5] = [
+        (
+            "CreatePartitions",
+            37,
+            1,
+            false,
+            i32::MAX.to_be_bytes().to_vec(),
+        ),
+        ("DescribeProducers", 61, 0, true, compact_bomb.to_vec()),
+        ("DescribeTransactions", 65, 0, true, compact_bomb.to_vec()),
+        ("ListTransactions", 66, 1, true, compact_bomb.to_vec()),
+        ("WriteTxnMarkers", 27, 1, true, compact_bomb.to_vec()),
+    ];
+    let mut healthy = RawClient::connect(broker.addr())?;
+    for (name, key, version, flexible, body) in bombs {
+        let mut c = RawClient::connect(broker.addr())?;
+        c.send_bytes(&hand_frame(key, version, flexible, &body))?;
+        ensure!(
+            c.closed_within(Duration::from_secs(10)),
+            "{name}: a bomb left the connection open"
+        );
+        // Another connection, opened before the bomb, is still served.
+        let versions = healthy.api_versions()?;
+        ensure!(versions.0.contains_key(&key), "{name} not advertised");
+    }
+    ensure!(list(&mut healthy, &[], &[], -1)?.is_empty());
     Ok(())
 }
