@@ -186,6 +186,12 @@ pub const WALKED: &[ApiKey] = &[
     ApiKey::OffsetFetch,
     ApiKey::DescribeGroups,
     ApiKey::ListGroups,
+    // Admin APIs: partitions and transactions (KIP-664).
+    ApiKey::CreatePartitions,
+    ApiKey::DescribeProducers,
+    ApiKey::ListTransactions,
+    ApiKey::DescribeTransactions,
+    ApiKey::WriteTxnMarkers,
 ];
 
 /// Highest version walked for each coordinator API in [`WALKED`] (their schemas change
@@ -235,6 +241,11 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
         ApiKey::OffsetFetch => version >= 6,
         ApiKey::DescribeGroups => version >= 5,
         ApiKey::ListGroups => version >= 3,
+        ApiKey::CreatePartitions => version >= 2,
+        ApiKey::DescribeProducers
+        | ApiKey::ListTransactions
+        | ApiKey::DescribeTransactions
+        | ApiKey::WriteTxnMarkers => true,
         _ => return Ok(body.len()),
     };
     let w = &mut Walker {
@@ -357,6 +368,11 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
                 w.skip(1)?; // include_documentation
             }
         }
+        ApiKey::CreatePartitions
+        | ApiKey::DescribeProducers
+        | ApiKey::ListTransactions
+        | ApiKey::DescribeTransactions
+        | ApiKey::WriteTxnMarkers => walk_admin(w, api, version)?,
         _ => walk_coordinator(w, api, version)?,
     }
     w.tags()?;
@@ -528,6 +544,58 @@ fn walk_coordinator(w: &mut Walker<'_>, api: ApiKey, version: i16) -> Result<()>
             if version >= 5 {
                 w.array(s, |w| w.string())?; // types_filter
             }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The admin requests: CreatePartitions and KIP-664's transaction APIs (body fields before
+/// the final tags).
+fn walk_admin(w: &mut Walker<'_>, api: ApiKey, version: i16) -> Result<()> {
+    let flexible = w.flexible;
+    let s = min_len(flexible, 2); // string
+    let a = min_len(flexible, 4); // array
+    let t = usize::from(flexible); // tag section
+                                   // A topic with an array of i32 partitions (DescribeProducers, WriteTxnMarkers).
+    let topic_with_partition_ids = |w: &mut Walker<'_>| -> Result<()> {
+        w.string()?; // name
+        w.array(4, |w| w.skip(4))?;
+        w.tags()
+    };
+    match api {
+        ApiKey::CreatePartitions => {
+            w.array(s + 4 + a + t, |w| {
+                w.string()?; // name
+                w.skip(4)?; // count
+                w.array(a + t, |w| {
+                    w.array(4, |w| w.skip(4))?; // broker_ids
+                    w.tags()
+                })?; // assignments (nullable)
+                w.tags()
+            })?;
+            w.skip(4 + 1)?; // timeout_ms, validate_only
+        }
+        ApiKey::DescribeProducers => {
+            w.array(s + a + t, topic_with_partition_ids)?;
+        }
+        ApiKey::ListTransactions => {
+            w.array(s, |w| w.string())?; // state_filters
+            w.array(8, |w| w.skip(8))?; // producer_id_filters
+            if version >= 1 {
+                w.skip(8)?; // duration_filter
+            }
+        }
+        ApiKey::DescribeTransactions => {
+            w.array(s, |w| w.string())?; // transactional_ids
+        }
+        ApiKey::WriteTxnMarkers => {
+            w.array(8 + 2 + 1 + a + 4 + t, |w| {
+                w.skip(8 + 2 + 1)?; // producer_id, producer_epoch, transaction_result
+                w.array(s + a + t, topic_with_partition_ids)?;
+                w.skip(4)?; // coordinator_epoch
+                w.tags()
+            })?;
         }
         _ => {}
     }

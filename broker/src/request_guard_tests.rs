@@ -158,6 +158,11 @@ fn sample(api: ApiKey, version: i16) -> Option<Vec<u8>> {
                 .with_include_documentation(version >= 3),
             version,
         ),
+        ApiKey::CreatePartitions
+        | ApiKey::DescribeProducers
+        | ApiKey::ListTransactions
+        | ApiKey::DescribeTransactions
+        | ApiKey::WriteTxnMarkers => return admin_sample(api, version),
         _ => return coordinator_sample(api, version),
     };
     Some(b)
@@ -503,4 +508,163 @@ fn coordinator_requests_are_walked_exactly() {
         check(ApiKey::DescribeGroups, 0, &body),
         Err(GuardError::ArrayTooLong { .. })
     ));
+}
+
+/// Populated admin requests (CreatePartitions, KIP-664's transaction APIs).
+fn admin_sample(api: ApiKey, version: i16) -> Option<Vec<u8>> {
+    use kafka_protocol::messages::create_partitions_request::{
+        CreatePartitionsAssignment, CreatePartitionsTopic,
+    };
+    use kafka_protocol::messages::describe_producers_request::TopicRequest;
+    use kafka_protocol::messages::write_txn_markers_request::{
+        WritableTxnMarker, WritableTxnMarkerTopic,
+    };
+    let b = match api {
+        ApiKey::CreatePartitions => {
+            let assigned = CreatePartitionsTopic::default()
+                .with_name(name("t"))
+                .with_count(4)
+                .with_assignments(Some(vec![
+                    CreatePartitionsAssignment::default().with_broker_ids(vec![BrokerId(0)]),
+                    CreatePartitionsAssignment::default()
+                        .with_broker_ids(vec![BrokerId(0), BrokerId(1)]),
+                ]));
+            let plain = CreatePartitionsTopic::default()
+                .with_name(name("uu"))
+                .with_count(9)
+                .with_assignments(None);
+            encoded(
+                &CreatePartitionsRequest::default()
+                    .with_topics(vec![assigned, plain])
+                    .with_timeout_ms(5000)
+                    .with_validate_only(true),
+                version,
+            )
+        }
+        ApiKey::DescribeProducers => encoded(
+            &DescribeProducersRequest::default().with_topics(vec![
+                TopicRequest::default()
+                    .with_name(name("t"))
+                    .with_partition_indexes(vec![0, 1, 2]),
+                TopicRequest::default().with_name(name("empty")),
+            ]),
+            version,
+        ),
+        ApiKey::ListTransactions => {
+            let mut req = ListTransactionsRequest::default()
+                .with_state_filters(vec![str("Ongoing"), str("Bogus")])
+                .with_producer_id_filters(vec![ProducerId(7), ProducerId(9)]);
+            if version >= 1 {
+                req = req.with_duration_filter(60_000);
+            }
+            encoded(&req, version)
+        }
+        ApiKey::DescribeTransactions => encoded(
+            &DescribeTransactionsRequest::default().with_transactional_ids(vec![
+                TransactionalId(str("a")),
+                TransactionalId(str("txn-two")),
+            ]),
+            version,
+        ),
+        ApiKey::WriteTxnMarkers => {
+            let marker = |pid| {
+                WritableTxnMarker::default()
+                    .with_producer_id(ProducerId(pid))
+                    .with_producer_epoch(3)
+                    .with_transaction_result(false)
+                    .with_coordinator_epoch(2)
+                    .with_topics(vec![WritableTxnMarkerTopic::default()
+                        .with_name(name("t"))
+                        .with_partition_indexes(vec![0, 5])])
+            };
+            encoded(
+                &WriteTxnMarkersRequest::default().with_markers(vec![marker(7), marker(8)]),
+                version,
+            )
+        }
+        _ => return None,
+    };
+    Some(b)
+}
+
+#[test]
+fn admin_requests_refuse_absurd_and_negative_counts() {
+    // CreatePartitions v1 claiming i32::MAX topics.
+    let mut body = BytesMut::new();
+    body.put_i32(i32::MAX);
+    assert!(matches!(
+        check(ApiKey::CreatePartitions, 1, &body),
+        Err(GuardError::ArrayTooLong { .. })
+    ));
+    // CreatePartitions v0: one topic whose assignments claim a hundred million entries.
+    let mut body = BytesMut::new();
+    body.put_i32(1);
+    body.put_i16(1);
+    body.put_u8(b't');
+    body.put_i32(8); // count
+    body.put_i32(100_000_000);
+    assert!(matches!(
+        check(ApiKey::CreatePartitions, 0, &body),
+        Err(GuardError::ArrayTooLong { .. })
+    ));
+    // A negative (null) assignments count is accepted by the walk, as the schema allows.
+    let mut body = BytesMut::new();
+    body.put_i32(1);
+    body.put_i16(1);
+    body.put_u8(b't');
+    body.put_i32(8);
+    body.put_i32(-1);
+    body.put_i32(5000);
+    body.put_u8(0);
+    assert_eq!(walk(ApiKey::CreatePartitions, 0, &body), Ok(body.len()));
+    // A negative topic count is an empty (null) array; a bare negative partition count
+    // inside DescribeProducers is too, and the rest of the body must still parse.
+    let mut body = BytesMut::new();
+    body.put_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f]); // compact count 2^32-1 topics
+    for api in [
+        ApiKey::DescribeProducers,
+        ApiKey::DescribeTransactions,
+        ApiKey::ListTransactions,
+        ApiKey::WriteTxnMarkers,
+    ] {
+        let version = api_versions_min(api);
+        assert!(
+            matches!(
+                check(api, version, &body),
+                Err(GuardError::ArrayTooLong { .. })
+            ),
+            "{api:?}"
+        );
+    }
+    // ListTransactions: a sane state filter then a producer-id array of a billion ids.
+    let mut body = BytesMut::new();
+    body.put_u8(1); // no state filters
+    body.put_slice(&[0x81, 0x94, 0xeb, 0xdc, 0x03]); // 1e9 ids
+    body.put_slice(&[0; 8]);
+    body.put_u8(0);
+    assert!(matches!(
+        check(ApiKey::ListTransactions, 1, &body),
+        Err(GuardError::ArrayTooLong { .. })
+    ));
+    // WriteTxnMarkers: one marker whose topic claims a million partitions.
+    let mut body = BytesMut::new();
+    body.put_u8(2); // one marker
+    body.put_i64(7);
+    body.put_i16(0);
+    body.put_u8(0);
+    body.put_u8(2); // one topic
+    body.put_u8(2);
+    body.put_u8(b't');
+    body.put_slice(&[0xc1, 0x84, 0x3d]); // 1_000_001
+    assert!(matches!(
+        check(ApiKey::WriteTxnMarkers, 1, &body),
+        Err(GuardError::ArrayTooLong { .. })
+    ));
+}
+
+fn api_versions_min(api: ApiKey) -> i16 {
+    SUPPORTED
+        .iter()
+        .find(|(k, _, _)| *k == api)
+        .map_or(0, |&(_, min, _)| min)
 }

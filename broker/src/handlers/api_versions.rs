@@ -32,6 +32,12 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetFetch, 1, 9),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::ListGroups, 0, 5),
+    // admin APIs: partitions and transactions (KIP-664)
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DescribeProducers, 0, 0),
+    (ApiKey::ListTransactions, 0, 1),
+    (ApiKey::DescribeTransactions, 0, 0),
+    (ApiKey::WriteTxnMarkers, 1, 1),
 ];
 
 /// The advertised (min, max) versions of `key`, or None if the API is not implemented.

@@ -4,10 +4,13 @@
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
 pub mod api_versions;
+pub mod create_partitions;
 pub mod create_topics;
 pub mod delete_topics;
 pub mod describe_configs;
 pub mod describe_groups;
+pub mod describe_producers;
+pub mod describe_transactions;
 pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
@@ -17,6 +20,7 @@ pub mod join_group;
 pub mod leave_group;
 pub mod list_groups;
 pub mod list_offsets;
+pub mod list_transactions;
 pub mod metadata;
 pub mod offset_commit;
 pub mod offset_fetch;
@@ -24,6 +28,7 @@ pub mod produce;
 pub mod sync_group;
 pub mod topic_configs;
 pub mod txn_offset_commit;
+pub mod write_txn_markers;
 
 use std::sync::Arc;
 
@@ -34,6 +39,10 @@ use kafka_protocol::messages::{
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
     FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
+};
+use kafka_protocol::messages::{
+    CreatePartitionsRequest, DescribeProducersRequest, DescribeTransactionsRequest,
+    ListTransactionsRequest, WriteTxnMarkersRequest,
 };
 use kafka_protocol::messages::{
     DescribeGroupsRequest, FindCoordinatorRequest, HeartbeatRequest, JoinGroupRequest,
@@ -254,6 +263,36 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: ListGroupsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &list_groups::handle(state, &ctx, req))?)
         }
+        // admin APIs: partitions and transactions (KIP-664)
+        ApiKey::CreatePartitions => {
+            let req: CreatePartitionsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &create_partitions::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::DescribeProducers => {
+            let req: DescribeProducersRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &describe_producers::handle(state, &ctx, req))?)
+        }
+        ApiKey::ListTransactions => {
+            let req: ListTransactionsRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &list_transactions::handle(state, &ctx, req))?)
+        }
+        ApiKey::DescribeTransactions => {
+            let req: DescribeTransactionsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &describe_transactions::handle(state, &ctx, req),
+            )?)
+        }
+        ApiKey::WriteTxnMarkers => {
+            let req: WriteTxnMarkersRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &write_txn_markers::handle(state, &ctx, req).await,
+            )?)
+        }
         other => {
             return Err(DispatchError::Unsupported {
                 api: other,
@@ -297,6 +336,11 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::OffsetFetch => "OffsetFetch",
         ApiKey::DescribeGroups => "DescribeGroups",
         ApiKey::ListGroups => "ListGroups",
+        ApiKey::CreatePartitions => "CreatePartitions",
+        ApiKey::DescribeProducers => "DescribeProducers",
+        ApiKey::ListTransactions => "ListTransactions",
+        ApiKey::DescribeTransactions => "DescribeTransactions",
+        ApiKey::WriteTxnMarkers => "WriteTxnMarkers",
         _ => "other",
     }
 }

@@ -7,6 +7,7 @@
 //! the [`backend`] seam ([`FileBackend`] on disk, [`MemBackend`] in memory and for fault
 //! injection). Everything above the seam is the same code in both modes.
 
+mod add_partitions;
 pub mod backend;
 pub mod batch;
 pub mod config;

@@ -284,6 +284,18 @@ impl Partition {
         self.lock().producers.get(producer_id).cloned()
     }
 
+    /// Copies of every producer's state on this partition, sorted by producer id.
+    pub fn producer_states(&self) -> Vec<(i64, ProducerEntry)> {
+        let st = self.lock();
+        let mut all: Vec<(i64, ProducerEntry)> = st
+            .producers
+            .iter()
+            .map(|(pid, e)| (*pid, e.clone()))
+            .collect();
+        all.sort_by_key(|(pid, _)| *pid);
+        all
+    }
+
     /// Producers with an open transaction on this partition: (producer id, first offset),
     /// ordered by first offset.
     pub fn open_transactions(&self) -> Vec<(i64, i64)> {
@@ -410,7 +422,12 @@ impl Partition {
                     aborts.push((h.producer_id, first, h.base_offset));
                 }
             }
-            if let Some(e) = ProducerStates::apply(current.cloned(), &h) {
+            if let Some(mut e) = ProducerStates::apply(current.cloned(), &h) {
+                if let Some(epoch) =
+                    txn_index::marker_coordinator_epoch(&records[*pos..*pos + h.size], &h)
+                {
+                    e.coordinator_epoch = epoch;
+                }
                 staged.push((h.producer_id, e));
             }
             assigned.push(h);

@@ -190,6 +190,13 @@ impl ProducerStates {
         self.entries.insert(producer_id, entry);
     }
 
+    /// Records the coordinator epoch of a marker just applied for `producer_id`.
+    pub fn note_marker(&mut self, producer_id: i64, coordinator_epoch: i32) {
+        if let Some(e) = self.entries.get_mut(&producer_id) {
+            e.coordinator_epoch = coordinator_epoch;
+        }
+    }
+
     /// Rebuilds state while replaying a stored batch during recovery.
     pub fn replay(&mut self, h: &BatchHeader) {
         if !h.has_producer_id() {

@@ -379,8 +379,13 @@ fn recover_producers(
                         if h.is_control() {
                             let bytes = seg.log.read_at(pos, h.size).map_err(io(&seg.log_path))?;
                             derive_abort(&producers, &bytes, &h, aborted);
+                            producers.replay(&h);
+                            if let Some(epoch) = txn_index::marker_coordinator_epoch(&bytes, &h) {
+                                producers.note_marker(h.producer_id, epoch);
+                            }
+                        } else {
+                            producers.replay(&h);
                         }
-                        producers.replay(&h);
                     }
                     pos += h.size as u64;
                 }

@@ -144,6 +144,27 @@ pub fn control_type(bytes: &[u8], h: &BatchHeader) -> Option<i16> {
     Some(i16::from_be_bytes([key[2], key[3]]))
 }
 
+/// The coordinator epoch in the value of an uncompressed marker (`bytes` = the whole control
+/// batch), or `None` if it cannot be read.
+pub fn marker_coordinator_epoch(bytes: &[u8], h: &BatchHeader) -> Option<i32> {
+    if !h.is_control() || h.attributes & batch::ATTR_COMPRESSION_MASK != 0 {
+        return None;
+    }
+    let mut pos = HEADER_LEN;
+    let _record_len = read_varint(bytes, &mut pos)?;
+    pos += 1; // record attributes
+    let _timestamp_delta = read_varint(bytes, &mut pos)?;
+    let _offset_delta = read_varint(bytes, &mut pos)?;
+    let key_len = usize::try_from(read_varint(bytes, &mut pos)?).ok()?;
+    pos = pos.checked_add(key_len)?;
+    let value_len = read_varint(bytes, &mut pos)?;
+    if value_len < 6 {
+        return None;
+    }
+    let value = bytes.get(pos..pos.checked_add(6)?)?;
+    Some(i32::from_be_bytes([value[2], value[3], value[4], value[5]]))
+}
+
 fn read_varint(buf: &[u8], pos: &mut usize) -> Option<i64> {
     let mut z: u64 = 0;
     for shift in (0..64).step_by(7) {
@@ -208,6 +229,7 @@ mod tests {
                 CONTROL_ABORT
             };
             assert_eq!(control_type(&m, &h), Some(want));
+            assert_eq!(marker_coordinator_epoch(&m, &h), Some(9));
         }
     }
 

@@ -48,6 +48,8 @@ pub enum AbortCause {
     Fencing,
     /// Found in PrepareAbort after a restart.
     Recovery,
+    /// An operator aborted it (WriteTxnMarkers from an admin client).
+    Admin,
 }
 
 impl AbortCause {
@@ -58,6 +60,7 @@ impl AbortCause {
             AbortCause::Timeout => "timeout",
             AbortCause::Fencing => "fencing",
             AbortCause::Recovery => "recovery",
+            AbortCause::Admin => "admin",
         }
     }
 }
@@ -174,6 +177,11 @@ impl Coordinator {
     /// The metadata of a transactional id, if known.
     pub fn get(&self, transactional_id: &str) -> Option<&TxnMetadata> {
         self.txns.get(transactional_id)
+    }
+
+    /// Every known transactional id's metadata, in no particular order.
+    pub fn all(&self) -> impl Iterator<Item = &TxnMetadata> {
+        self.txns.values()
     }
 
     /// The transactional id that owns `producer_id`, if any.
@@ -410,6 +418,54 @@ impl Coordinator {
             _ => Err(ResponseError::InvalidTxnState),
         };
         Ok(Step::answer(answer))
+    }
+
+    /// An operator's abort of `producer_id`'s transaction (WriteTxnMarkers with an ABORT
+    /// result): if this coordinator owns the producer id at `epoch` with an Ongoing
+    /// transaction, it is fenced (epoch bump) and moved to PrepareAbort, as a timeout would,
+    /// and the markers for all its partitions are returned. `None` if there is nothing of
+    /// this coordinator's to abort (the transaction is unknown here, already ending, or of
+    /// another epoch).
+    pub fn abort_by_admin(
+        &mut self,
+        producer_id: i64,
+        epoch: i16,
+        now_ms: i64,
+    ) -> Result<Option<MarkerJob>> {
+        let Some(m) = self
+            .by_pid
+            .get(&producer_id)
+            .and_then(|id| self.txns.get(id))
+            .filter(|m| {
+                m.producer_id == producer_id
+                    && m.producer_epoch == epoch
+                    && m.state == TxnState::Ongoing
+            })
+            .cloned()
+        else {
+            return Ok(None);
+        };
+        self.prepare_abort(m, true, AbortCause::Admin, now_ms)
+            .map(Some)
+    }
+
+    /// The state of `producer_id`'s transaction if it is open or ending here and includes
+    /// `partition` (then only the coordinator may write its markers), else `None`.
+    pub fn claims_partition(
+        &self,
+        producer_id: i64,
+        topic: &str,
+        partition: i32,
+    ) -> Option<TxnState> {
+        self.by_pid
+            .get(&producer_id)
+            .and_then(|id| self.txns.get(id))
+            .filter(|m| {
+                m.producer_id == producer_id
+                    && (m.state == TxnState::Ongoing || m.state.is_preparing())
+                    && m.partitions.contains(&(topic.to_string(), partition))
+            })
+            .map(|m| m.state)
     }
 
     /// Records that every marker of `job` is written: PrepareX -> CompleteX. Returns the

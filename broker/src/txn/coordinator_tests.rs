@@ -189,3 +189,40 @@ fn offsets_need_add_offsets_first() {
     let job = c.end_txn("t", pid, e, true, 2).unwrap().job.unwrap();
     assert_eq!(job.groups, vec!["g".to_string()]);
 }
+
+#[test]
+fn operator_abort_fences_and_aborts_every_partition() {
+    let mut c = coordinator();
+    let (pid, epoch) = c
+        .init_producer_id("t", 5000, None, 0)
+        .unwrap()
+        .answer
+        .unwrap();
+    // Nothing open: nothing to abort, nothing claimed.
+    assert_eq!(c.abort_by_admin(pid, epoch, 1).unwrap(), None);
+    c.add_to_txn("t", pid, epoch, &[tp("a", 0), tp("b", 1)], &[], 10)
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.claims_partition(pid, "a", 0), Some(TxnState::Ongoing));
+    assert_eq!(c.claims_partition(pid, "a", 1), None);
+    assert_eq!(c.claims_partition(pid + 1, "a", 0), None);
+    // Another epoch or producer id is not this coordinator's transaction.
+    assert_eq!(c.abort_by_admin(pid, epoch + 1, 11).unwrap(), None);
+    assert_eq!(c.abort_by_admin(pid + 1, epoch, 11).unwrap(), None);
+    let job = c.abort_by_admin(pid, epoch, 12).unwrap().expect("markers");
+    assert_eq!(job.kind, MarkerKind::Abort);
+    assert_eq!(job.producer_epoch, epoch + 1, "the producer is fenced");
+    assert_eq!(job.partitions, vec![tp("a", 0), tp("b", 1)]);
+    assert_eq!(
+        c.claims_partition(pid, "b", 1),
+        Some(TxnState::PrepareAbort)
+    );
+    assert_eq!(
+        c.check_produce(pid, epoch, "a", 0),
+        Err(ResponseError::InvalidProducerEpoch)
+    );
+    assert_eq!(c.complete(&job, 13).unwrap(), Some(3));
+    assert_eq!(c.get("t").unwrap().state, TxnState::CompleteAbort);
+    assert_eq!(c.claims_partition(pid, "a", 0), None);
+    assert_eq!(c.abort_by_admin(pid, epoch + 1, 14).unwrap(), None);
+}

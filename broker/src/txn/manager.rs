@@ -181,6 +181,13 @@ impl TxnManager {
         self.coordinator().get(transactional_id).cloned()
     }
 
+    /// Copies of every known transactional id's metadata, sorted by transactional id.
+    pub fn list(&self) -> Vec<super::state::TxnMetadata> {
+        let mut all: Vec<_> = self.coordinator().all().cloned().collect();
+        all.sort_by(|a, b| a.transactional_id.cmp(&b.transactional_id));
+        all
+    }
+
     /// Transactions open or completing.
     pub fn open_transactions(&self) -> usize {
         self.coordinator().open_transactions()
@@ -443,6 +450,98 @@ impl TxnManager {
             metrics::counter!(metrics::COMPLETED, "result" => job.kind.label()).increment(1);
         }
         Ok(())
+    }
+
+    /// An operator's abort of a (hanging) transaction through WriteTxnMarkers, for
+    /// `partitions`; returns one error code per partition (0 = no open transaction of the
+    /// producer is left there).
+    ///
+    /// A transaction this coordinator still runs (Ongoing at `epoch`) is aborted as a
+    /// timeout would: the producer is fenced (epoch bump) and ABORT markers go to every
+    /// partition of the transaction, not only those named, so it stays atomic. A partition
+    /// whose open transaction the coordinator does not know (it is hanging: a lost or
+    /// repaired transaction log) gets an ABORT marker with the given epoch and coordinator
+    /// epoch directly, as Kafka's `Admin.abortTransaction` does; an older epoch than the
+    /// partition's is refused with INVALID_PRODUCER_EPOCH. A partition of a transaction the
+    /// coordinator still owns at another epoch is refused the same way (its own markers
+    /// would otherwise be fenced by the operator's).
+    pub fn abort_by_admin(
+        &self,
+        producer_id: i64,
+        epoch: i16,
+        coordinator_epoch: i32,
+        partitions: &[TopicPartition],
+    ) -> Result<Vec<i16>> {
+        let job = self
+            .coordinator()
+            .abort_by_admin(producer_id, epoch, now_ms())?;
+        if let Some(job) = &job {
+            if let Err(e) = self.run_job(job) {
+                tracing::warn!(transactional_id = %job.transactional_id, error = %e,
+                    "writing markers of an operator's abort failed; the background task retries");
+            }
+        }
+        let notifier = self
+            .hooks
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .notifier
+            .clone();
+        let mut codes = Vec::with_capacity(partitions.len());
+        for (topic, index) in partitions {
+            let Some(partition) = self.store.partition(topic, *index) else {
+                codes.push(ResponseError::UnknownTopicOrPartition.code());
+                continue;
+            };
+            let lock = self.partition_lock(&partition);
+            let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let open = partition
+                .producer_state(producer_id)
+                .is_some_and(|e| e.txn_first_offset.is_some());
+            if !open {
+                codes.push(0);
+                continue;
+            }
+            let claimed = self
+                .coordinator()
+                .claims_partition(producer_id, topic, *index);
+            if let Some(state) = claimed {
+                // Ending already (its markers are owed: retry later), or running at another
+                // epoch than the operator named.
+                let code = if state.is_preparing() {
+                    ResponseError::ConcurrentTransactions
+                } else {
+                    ResponseError::InvalidProducerEpoch
+                };
+                tracing::info!(%topic, partition = index, producer_id, epoch, state = state.name(),
+                    "operator abort refused: the coordinator owns this transaction");
+                codes.push(code.code());
+                continue;
+            }
+            let written =
+                partition.append_marker(producer_id, epoch, false, coordinator_epoch, now_ms());
+            drop(guard);
+            codes.push(match written {
+                Ok(_) => {
+                    tracing::info!(%topic, partition = index, producer_id, epoch,
+                        "operator aborted a hanging transaction");
+                    metrics::counter!(metrics::ABORTS, "cause" => "admin").increment(1);
+                    if let Some(n) = &notifier {
+                        n(topic, *index);
+                    }
+                    0
+                }
+                Err(AppendError::InvalidProducerEpoch { .. }) => {
+                    ResponseError::InvalidProducerEpoch.code()
+                }
+                Err(e) => {
+                    tracing::error!(%topic, partition = index, error = %e,
+                        "writing an operator's abort marker failed");
+                    ResponseError::KafkaStorageError.code()
+                }
+            });
+        }
+        Ok(codes)
     }
 
     /// One round of background work: abort timed-out transactions, expire idle ids, retry
