@@ -186,6 +186,10 @@ pub const WALKED: &[ApiKey] = &[
     ApiKey::OffsetFetch,
     ApiKey::DescribeGroups,
     ApiKey::ListGroups,
+    // Retention and topic config APIs.
+    ApiKey::DeleteRecords,
+    ApiKey::AlterConfigs,
+    ApiKey::IncrementalAlterConfigs,
 ];
 
 /// Highest version walked for each coordinator API in [`WALKED`] (their schemas change
@@ -235,6 +239,9 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
         ApiKey::OffsetFetch => version >= 6,
         ApiKey::DescribeGroups => version >= 5,
         ApiKey::ListGroups => version >= 3,
+        ApiKey::DeleteRecords => version >= 2,
+        ApiKey::AlterConfigs => version >= 2,
+        ApiKey::IncrementalAlterConfigs => version >= 1,
         _ => return Ok(body.len()),
     };
     let w = &mut Walker {
@@ -356,6 +363,33 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
             if version >= 3 {
                 w.skip(1)?; // include_documentation
             }
+        }
+        ApiKey::DeleteRecords => {
+            w.array(s + a + t, |w| {
+                w.string()?; // name
+                w.array(4 + 8 + t, |w| {
+                    w.skip(4 + 8)?; // partition_index, offset
+                    w.tags()
+                })?;
+                w.tags()
+            })?;
+            w.skip(4)?; // timeout_ms
+        }
+        ApiKey::AlterConfigs | ApiKey::IncrementalAlterConfigs => {
+            let incremental = api == ApiKey::IncrementalAlterConfigs;
+            let op = usize::from(incremental);
+            w.array(1 + s + a + t, |w| {
+                w.skip(1)?; // resource_type
+                w.string()?; // resource_name
+                w.array(s + op + s + t, |w| {
+                    w.string()?; // name
+                    w.skip(op)?; // config_operation (incremental)
+                    w.string()?; // value
+                    w.tags()
+                })?;
+                w.tags()
+            })?;
+            w.skip(1)?; // validate_only
         }
         _ => walk_coordinator(w, api, version)?,
     }

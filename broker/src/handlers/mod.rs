@@ -3,8 +3,10 @@
 
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
+pub mod alter_configs;
 pub mod api_versions;
 pub mod create_topics;
+pub mod delete_records;
 pub mod delete_topics;
 pub mod describe_configs;
 pub mod describe_groups;
@@ -12,6 +14,7 @@ pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
+pub mod incremental_alter_configs;
 pub mod init_producer_id;
 pub mod join_group;
 pub mod leave_group;
@@ -30,6 +33,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kafka_protocol::messages::{
     AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
+};
+use kafka_protocol::messages::{
+    AlterConfigsRequest, DeleteRecordsRequest, IncrementalAlterConfigsRequest,
 };
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
@@ -254,6 +260,28 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: ListGroupsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &list_groups::handle(state, &ctx, req))?)
         }
+        // retention and topic config APIs
+        ApiKey::DeleteRecords => {
+            let req: DeleteRecordsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &delete_records::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::AlterConfigs => {
+            let req: AlterConfigsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &alter_configs::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::IncrementalAlterConfigs => {
+            let req: IncrementalAlterConfigsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &incremental_alter_configs::handle(state, &ctx, req).await,
+            )?)
+        }
         other => {
             return Err(DispatchError::Unsupported {
                 api: other,
@@ -297,6 +325,9 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::OffsetFetch => "OffsetFetch",
         ApiKey::DescribeGroups => "DescribeGroups",
         ApiKey::ListGroups => "ListGroups",
+        ApiKey::DeleteRecords => "DeleteRecords",
+        ApiKey::AlterConfigs => "AlterConfigs",
+        ApiKey::IncrementalAlterConfigs => "IncrementalAlterConfigs",
         _ => "other",
     }
 }

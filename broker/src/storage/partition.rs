@@ -21,6 +21,9 @@ use super::segment::{self, HeaderWalker, Segment};
 use super::snapshot;
 use super::txn_index::{self, AbortedTxn, CONTROL_ABORT};
 
+mod retention;
+pub use retention::{DeleteRecordsError, RetentionOutcome};
+
 /// Snapshots kept per partition (the newest ones).
 pub(crate) const SNAPSHOTS_KEPT: usize = 2;
 
@@ -166,6 +169,7 @@ impl Partition {
         );
         let metrics = PartitionMetrics::new(topic, index);
         metrics.log_end_offset.set(state.log_end as f64);
+        metrics.log_start_offset.set(state.log_start as f64);
         Ok(Partition {
             topic: topic.to_string(),
             index,
@@ -324,10 +328,13 @@ impl Partition {
     }
 
     fn lso_of(st: &LogState) -> i64 {
+        // DeleteRecords may move the log start past an open transaction's first offset (as in
+        // Kafka); the last stable offset never falls below the log start.
         st.producers
             .iter()
             .filter_map(|(_, e)| e.txn_first_offset)
             .fold(st.high_watermark, i64::min)
+            .max(st.log_start)
     }
 
     /// Aborted transactions overlapping `[from, to)`, from the persisted index.
