@@ -62,6 +62,36 @@ fn entry(
     }
 }
 
+/// Kafka's defaults of the topic configs this broker accepts and reports without acting on
+/// them (so DescribeConfigs lists every topic config, as Kafka does).
+const OTHER_TOPIC_DEFAULTS: &[(&str, &str)] = &[
+    ("compression.gzip.level", "-1"),
+    ("compression.lz4.level", "9"),
+    ("compression.zstd.level", "3"),
+    ("file.delete.delay.ms", "60000"),
+    ("flush.messages", "9223372036854775807"),
+    ("flush.ms", "9223372036854775807"),
+    ("follower.replication.throttled.replicas", ""),
+    ("index.interval.bytes", "4096"),
+    ("leader.replication.throttled.replicas", ""),
+    ("local.retention.bytes", "-2"),
+    ("local.retention.ms", "-2"),
+    ("max.compaction.lag.ms", "9223372036854775807"),
+    ("message.downconversion.enable", "true"),
+    ("message.format.version", "3.0-IV1"),
+    ("message.timestamp.after.max.ms", "9223372036854775807"),
+    ("message.timestamp.before.max.ms", "9223372036854775807"),
+    ("message.timestamp.difference.max.ms", "9223372036854775807"),
+    ("min.compaction.lag.ms", "0"),
+    ("preallocate", "false"),
+    ("remote.log.copy.disable", "false"),
+    ("remote.log.delete.on.disable", "false"),
+    ("remote.storage.enable", "false"),
+    ("segment.index.bytes", "10485760"),
+    ("segment.jitter.ms", "0"),
+    ("unclean.leader.election.enable", "false"),
+];
+
 /// The source of a default that a broker flag may set.
 fn broker_source(flag_set: bool) -> i8 {
     if flag_set {
@@ -149,6 +179,27 @@ fn topic_configs(state: &BrokerState, topic: &str) -> Vec<Entry> {
             "Segment roll size.",
         ),
     ];
+    entries.push(entry(
+        "segment.ms",
+        defaults.segment_ms.unwrap_or(i64::MAX),
+        TYPE_LONG,
+        SOURCE_DEFAULT,
+        "Roll a non-empty active segment older than this.",
+    ));
+    for (name, value) in OTHER_TOPIC_DEFAULTS {
+        let config_type = topic_configs::config_type(name).unwrap_or(TYPE_STRING);
+        entries.push(entry(
+            name,
+            value,
+            config_type,
+            SOURCE_DEFAULT,
+            "Accepted and reported; this broker does not act on it.",
+        ));
+    }
+    // Every topic config may be altered (Kafka reports none of them read-only).
+    for e in &mut entries {
+        e.read_only = false;
+    }
     for (name, value) in state.store.topic_configs(topic).unwrap_or_default() {
         let config_type = topic_configs::config_type(&name).unwrap_or(TYPE_STRING);
         match entries.iter_mut().find(|e| e.name == name) {
