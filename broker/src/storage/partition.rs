@@ -747,8 +747,9 @@ impl Partition {
         self.lock().log_end
     }
 
-    /// The first batch whose max timestamp is >= `ts`: its base offset and max timestamp.
-    /// `None` if no visible batch qualifies (or the lookup hit an I/O error, which is logged).
+    /// The first batch whose max timestamp is >= `ts`: its base offset (at least the log
+    /// start) and max timestamp. `None` if no visible batch qualifies (or the lookup hit an
+    /// I/O error, which is logged).
     pub fn offset_for_timestamp(&self, ts: i64) -> Option<(i64, i64)> {
         let st = self.lock();
         for seg in st.segments.iter().filter(|s| s.max_timestamp >= ts) {
@@ -760,8 +761,9 @@ impl Partition {
                         if h.base_offset >= st.high_watermark {
                             return None;
                         }
-                        if h.max_timestamp >= ts {
-                            return Some((h.base_offset, h.max_timestamp));
+                        // Batches wholly below the log start (DeleteRecords) are gone.
+                        if h.max_timestamp >= ts && h.last_offset() >= st.log_start {
+                            return Some((h.base_offset.max(st.log_start), h.max_timestamp));
                         }
                         pos += h.size as u64;
                     }

@@ -196,6 +196,7 @@ fn delete_records_checkpoints_a_start_inside_a_segment() {
     ));
     assert_eq!(p.delete_records(5).expect("delete"), 5);
     assert_eq!(p.delete_records(3).expect("lower is a no-op"), 5);
+    assert_eq!(p.offset_for_timestamp(0).map(|hit| hit.0), Some(5));
     assert!(matches!(
         p.read(4, 1 << 20),
         Err(ReadError::OffsetOutOfRange { .. })
