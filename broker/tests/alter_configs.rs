@@ -2,7 +2,8 @@
 //! and raw requests at every advertised version change a topic's configs, DescribeConfigs
 //! shows them as DYNAMIC_TOPIC_CONFIG, bad types, unknown policies and unknown names are
 //! INVALID_CONFIG with nothing changed, `validate_only` changes nothing, unknown topics and
-//! broker resources are refused, and the changes survive a restart.
+//! broker resources are refused, the changes survive a restart, and max.message.bytes applies
+//! to the next Produce.
 
 mod common;
 
@@ -324,5 +325,43 @@ fn raw_alter_and_incremental_alter_at_every_version() -> Result<()> {
         )?;
         ensure!(code == INVALID_REQUEST);
     }
+    Ok(())
+}
+
+#[test]
+fn max_message_bytes_applies_to_produce_at_once() -> Result<()> {
+    const MESSAGE_TOO_LARGE: i16 = 10;
+    let broker = broker(None)?;
+    let b = broker.bootstrap();
+    create(&b, "sized")?;
+    let mut raw = RawClient::connect(broker.addr())?;
+    let big = "x".repeat(2000);
+    let batch = common::idempotent_batch(-1, -1, -1, &[big.as_str()])?;
+    ensure!(raw.produce(9, "sized", 0, batch.clone())?.error_code == 0);
+    let code = alter_raw(
+        &mut raw,
+        1,
+        TOPIC,
+        "sized",
+        &[("max.message.bytes", Some("1000"))],
+    )?;
+    ensure!(code == 0);
+    let refused = raw.produce(9, "sized", 0, batch.clone())?;
+    ensure!(refused.error_code == MESSAGE_TOO_LARGE, "{refused:?}");
+    let small = common::idempotent_batch(-1, -1, -1, &["small"])?;
+    ensure!(raw.produce(9, "sized", 0, small)?.error_code == 0);
+    let code = incremental_raw(
+        &mut raw,
+        1,
+        TOPIC,
+        "sized",
+        &[("max.message.bytes", 1, None)],
+    )?;
+    ensure!(code == 0);
+    let accepted = raw.produce(9, "sized", 0, batch)?;
+    ensure!(
+        accepted.error_code == 0 && accepted.base_offset == 2,
+        "{accepted:?}"
+    );
     Ok(())
 }
