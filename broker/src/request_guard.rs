@@ -174,6 +174,10 @@ pub const WALKED: &[ApiKey] = &[
     ApiKey::CreateTopics,
     ApiKey::DeleteTopics,
     ApiKey::DescribeConfigs,
+    // Retention and topic config APIs.
+    ApiKey::DeleteRecords,
+    ApiKey::AlterConfigs,
+    ApiKey::IncrementalAlterConfigs,
     // Transaction and group coordinator APIs (all versions the crate knows up to those
     // listed in `coordinator_versions`).
     ApiKey::AddPartitionsToTxn,
@@ -186,10 +190,6 @@ pub const WALKED: &[ApiKey] = &[
     ApiKey::OffsetFetch,
     ApiKey::DescribeGroups,
     ApiKey::ListGroups,
-    // Retention and topic config APIs.
-    ApiKey::DeleteRecords,
-    ApiKey::AlterConfigs,
-    ApiKey::IncrementalAlterConfigs,
 ];
 
 /// Highest version walked for each coordinator API in [`WALKED`] (their schemas change
@@ -229,6 +229,9 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
         ApiKey::CreateTopics => version >= 5,
         ApiKey::DeleteTopics => version >= 4,
         ApiKey::DescribeConfigs => version >= 4,
+        ApiKey::DeleteRecords => version >= 2,
+        ApiKey::AlterConfigs => version >= 2,
+        ApiKey::IncrementalAlterConfigs => version >= 1,
         ApiKey::AddPartitionsToTxn => version >= 3,
         ApiKey::TxnOffsetCommit => version >= 3,
         ApiKey::FindCoordinator => version >= 3,
@@ -239,9 +242,6 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
         ApiKey::OffsetFetch => version >= 6,
         ApiKey::DescribeGroups => version >= 5,
         ApiKey::ListGroups => version >= 3,
-        ApiKey::DeleteRecords => version >= 2,
-        ApiKey::AlterConfigs => version >= 2,
-        ApiKey::IncrementalAlterConfigs => version >= 1,
         _ => return Ok(body.len()),
     };
     let w = &mut Walker {
@@ -352,18 +352,6 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
             w.array(s, |w| w.string())?; // topic_names
             w.skip(4)?; // timeout_ms
         }
-        ApiKey::DescribeConfigs => {
-            w.array(1 + s + a + t, |w| {
-                w.skip(1)?; // resource_type
-                w.string()?; // resource_name
-                w.array(s, |w| w.string())?; // configuration_keys
-                w.tags()
-            })?;
-            w.skip(1)?; // include_synonyms
-            if version >= 3 {
-                w.skip(1)?; // include_documentation
-            }
-        }
         ApiKey::DeleteRecords => {
             w.array(s + a + t, |w| {
                 w.string()?; // name
@@ -390,6 +378,18 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
                 w.tags()
             })?;
             w.skip(1)?; // validate_only
+        }
+        ApiKey::DescribeConfigs => {
+            w.array(1 + s + a + t, |w| {
+                w.skip(1)?; // resource_type
+                w.string()?; // resource_name
+                w.array(s, |w| w.string())?; // configuration_keys
+                w.tags()
+            })?;
+            w.skip(1)?; // include_synonyms
+            if version >= 3 {
+                w.skip(1)?; // include_documentation
+            }
         }
         _ => walk_coordinator(w, api, version)?,
     }

@@ -83,11 +83,10 @@ fn lookup(partition: &Partition, timestamp: i64, read_committed: bool) -> (i64, 
             } else {
                 partition.high_watermark()
             };
-            // A record below the log start (DeleteRecords inside a batch) answers the start.
-            let start = partition.log_start_offset();
             offset_for_timestamp(partition, ts)
-                .map(|(offset, t)| (offset.max(start), t))
                 .filter(|&(offset, _)| offset < fetchable)
+                // A record below the log start (DeleteRecords inside a batch) answers the start.
+                .map(|(offset, t)| (offset.max(partition.log_start_offset()), t))
                 .unwrap_or((-1, -1))
         }
         _ => (-1, -1),

@@ -195,6 +195,28 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: DescribeConfigsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &describe_configs::handle(state, &ctx, req))?)
         }
+        // retention and topic config APIs
+        ApiKey::DeleteRecords => {
+            let req: DeleteRecordsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &delete_records::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::AlterConfigs => {
+            let req: AlterConfigsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &alter_configs::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::IncrementalAlterConfigs => {
+            let req: IncrementalAlterConfigsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &incremental_alter_configs::handle(state, &ctx, req).await,
+            )?)
+        }
         // transaction APIs
         ApiKey::AddPartitionsToTxn => {
             let req: AddPartitionsToTxnRequest = decode(&ctx, body)?;
@@ -260,28 +282,6 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: ListGroupsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &list_groups::handle(state, &ctx, req))?)
         }
-        // retention and topic config APIs
-        ApiKey::DeleteRecords => {
-            let req: DeleteRecordsRequest = decode(&ctx, body)?;
-            Some(encode(
-                &ctx,
-                &delete_records::handle(state, &ctx, req).await,
-            )?)
-        }
-        ApiKey::AlterConfigs => {
-            let req: AlterConfigsRequest = decode(&ctx, body)?;
-            Some(encode(
-                &ctx,
-                &alter_configs::handle(state, &ctx, req).await,
-            )?)
-        }
-        ApiKey::IncrementalAlterConfigs => {
-            let req: IncrementalAlterConfigsRequest = decode(&ctx, body)?;
-            Some(encode(
-                &ctx,
-                &incremental_alter_configs::handle(state, &ctx, req).await,
-            )?)
-        }
         other => {
             return Err(DispatchError::Unsupported {
                 api: other,
@@ -312,6 +312,9 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::DeleteTopics => "DeleteTopics",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DescribeConfigs => "DescribeConfigs",
+        ApiKey::DeleteRecords => "DeleteRecords",
+        ApiKey::AlterConfigs => "AlterConfigs",
+        ApiKey::IncrementalAlterConfigs => "IncrementalAlterConfigs",
         ApiKey::AddPartitionsToTxn => "AddPartitionsToTxn",
         ApiKey::AddOffsetsToTxn => "AddOffsetsToTxn",
         ApiKey::EndTxn => "EndTxn",
@@ -325,9 +328,6 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::OffsetFetch => "OffsetFetch",
         ApiKey::DescribeGroups => "DescribeGroups",
         ApiKey::ListGroups => "ListGroups",
-        ApiKey::DeleteRecords => "DeleteRecords",
-        ApiKey::AlterConfigs => "AlterConfigs",
-        ApiKey::IncrementalAlterConfigs => "IncrementalAlterConfigs",
         _ => "other",
     }
 }
