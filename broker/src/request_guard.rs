@@ -174,6 +174,10 @@ pub const WALKED: &[ApiKey] = &[
     ApiKey::CreateTopics,
     ApiKey::DeleteTopics,
     ApiKey::DescribeConfigs,
+    // Retention and topic config APIs.
+    ApiKey::DeleteRecords,
+    ApiKey::AlterConfigs,
+    ApiKey::IncrementalAlterConfigs,
     // Transaction and group coordinator APIs (all versions the crate knows up to those
     // listed in `coordinator_versions`).
     ApiKey::AddPartitionsToTxn,
@@ -231,6 +235,9 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
         ApiKey::CreateTopics => version >= 5,
         ApiKey::DeleteTopics => version >= 4,
         ApiKey::DescribeConfigs => version >= 4,
+        ApiKey::DeleteRecords => version >= 2,
+        ApiKey::AlterConfigs => version >= 2,
+        ApiKey::IncrementalAlterConfigs => version >= 1,
         ApiKey::AddPartitionsToTxn => version >= 3,
         ApiKey::TxnOffsetCommit => version >= 3,
         ApiKey::FindCoordinator => version >= 3,
@@ -355,6 +362,33 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
         ApiKey::DeleteTopics => {
             w.array(s, |w| w.string())?; // topic_names
             w.skip(4)?; // timeout_ms
+        }
+        ApiKey::DeleteRecords => {
+            w.array(s + a + t, |w| {
+                w.string()?; // name
+                w.array(4 + 8 + t, |w| {
+                    w.skip(4 + 8)?; // partition_index, offset
+                    w.tags()
+                })?;
+                w.tags()
+            })?;
+            w.skip(4)?; // timeout_ms
+        }
+        ApiKey::AlterConfigs | ApiKey::IncrementalAlterConfigs => {
+            let incremental = api == ApiKey::IncrementalAlterConfigs;
+            let op = usize::from(incremental);
+            w.array(1 + s + a + t, |w| {
+                w.skip(1)?; // resource_type
+                w.string()?; // resource_name
+                w.array(s + op + s + t, |w| {
+                    w.string()?; // name
+                    w.skip(op)?; // config_operation (incremental)
+                    w.string()?; // value
+                    w.tags()
+                })?;
+                w.tags()
+            })?;
+            w.skip(1)?; // validate_only
         }
         ApiKey::DescribeConfigs => {
             w.array(1 + s + a + t, |w| {

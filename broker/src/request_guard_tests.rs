@@ -31,8 +31,14 @@ fn encoded<T: Encodable>(body: &T, version: i16) -> Vec<u8> {
     buf.to_vec()
 }
 
+#[path = "request_guard_config_samples.rs"]
+mod config_samples;
+
 fn sample(api: ApiKey, version: i16) -> Option<Vec<u8>> {
     let b = match api {
+        ApiKey::DeleteRecords | ApiKey::AlterConfigs | ApiKey::IncrementalAlterConfigs => {
+            return config_samples::sample(api, version)
+        }
         ApiKey::Produce => {
             let partition = |i| {
                 PartitionProduceData::default()

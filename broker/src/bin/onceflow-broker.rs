@@ -41,6 +41,17 @@ struct Args {
     /// Roll log segments at this size in bytes.
     #[arg(long)]
     segment_bytes: Option<u64>,
+    /// Default retention.ms of topics that do not set it: closed segments whose newest record
+    /// is older are deleted (-1: keep regardless of age).
+    #[arg(long, default_value_t = -1, value_parser = clap::value_parser!(i64).range(-1..))]
+    log_retention_ms: i64,
+    /// Default retention.bytes per partition of topics that do not set it: the oldest closed
+    /// segments are deleted while the partition is larger (-1: no limit).
+    #[arg(long, default_value_t = -1, value_parser = clap::value_parser!(i64).range(-1..))]
+    log_retention_bytes: i64,
+    /// How often the retention task runs (Kafka's log.retention.check.interval.ms).
+    #[arg(long, default_value_t = 300_000, value_parser = clap::value_parser!(u64).range(1..))]
+    log_retention_check_interval_ms: u64,
     /// Close connections that send a frame larger than this.
     #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     max_request_bytes: usize,
@@ -87,6 +98,11 @@ fn main() -> std::process::ExitCode {
             args.data_dir.clone()
         },
         fsync,
+        retention_ms: (args.log_retention_ms >= 0).then_some(args.log_retention_ms),
+        retention_bytes: (args.log_retention_bytes >= 0).then_some(args.log_retention_bytes),
+        retention_check_interval: Some(std::time::Duration::from_millis(
+            args.log_retention_check_interval_ms,
+        )),
         ..StorageConfig::default()
     };
     if let Some(bytes) = args.segment_bytes {

@@ -1,7 +1,7 @@
 //! CreateTopics: any replication factor is accepted on this single node (clients ask for 3);
 //! config entries are validated as Kafka does (unknown name, null or bad value: INVALID_CONFIG)
-//! and those that change the log (retention, cleanup policy, segments) become the partitions'
-//! [`LogConfig`](crate::storage::LogConfig).
+//! and persisted with the topic; those that change the log (retention, cleanup policy,
+//! segments) become the partitions' [`LogConfig`](crate::storage::LogConfig).
 
 use std::sync::Arc;
 
@@ -107,15 +107,14 @@ async fn create_one(
         return ok;
     }
     let store = state.store.clone();
-    let mut log_config = store.default_log_config();
-    for c in &topic.configs {
-        if let Some(v) = &c.value {
-            log_config.apply(c.name.as_str(), v.as_str());
-        }
-    }
+    let configs: std::collections::BTreeMap<String, String> = topic
+        .configs
+        .iter()
+        .filter_map(|c| Some((c.name.to_string(), c.value.as_ref()?.to_string())))
+        .collect();
     let create = {
         let name = name.clone();
-        move || store.create_topic_with_config(&name, partitions, log_config)
+        move || store.create_topic_with_configs(&name, partitions, configs)
     };
     let outcome = if state.is_durable() {
         tokio::task::spawn_blocking(create)

@@ -1,5 +1,7 @@
-//! DescribeConfigs for topic and broker resources: the static configuration this broker
-//! actually runs with, enough for kcat and admin clients.
+//! DescribeConfigs for topic and broker resources. A topic reports every config it was
+//! created with or given by AlterConfigs (source DYNAMIC_TOPIC_CONFIG, including those that
+//! are accepted but do not change storage) and the defaults it runs with otherwise (source
+//! DEFAULT_CONFIG, or STATIC_BROKER_CONFIG where a broker flag sets them), as Kafka does.
 
 use std::sync::Arc;
 
@@ -10,7 +12,7 @@ use kafka_protocol::messages::describe_configs_response::{
 use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse};
 use kafka_protocol::protocol::StrBytes;
 
-use super::RequestContext;
+use super::{topic_configs, RequestContext};
 use crate::metrics;
 use crate::state::{BrokerState, NODE_ID};
 
@@ -19,6 +21,8 @@ pub const RESOURCE_TOPIC: i8 = 2;
 /// Resource type code of a broker.
 pub const RESOURCE_BROKER: i8 = 4;
 
+/// ConfigSource: a config set on the topic.
+const SOURCE_DYNAMIC_TOPIC: i8 = 1;
 /// ConfigSource: a static broker config.
 const SOURCE_STATIC_BROKER: i8 = 4;
 /// ConfigSource: the default.
@@ -29,13 +33,15 @@ const TYPE_BOOLEAN: i8 = 1;
 const TYPE_STRING: i8 = 2;
 const TYPE_INT: i8 = 3;
 const TYPE_LONG: i8 = 5;
+const TYPE_DOUBLE: i8 = 6;
 const TYPE_LIST: i8 = 7;
 
 struct Entry {
-    name: &'static str,
+    name: String,
     value: String,
     config_type: i8,
     source: i8,
+    read_only: bool,
     doc: &'static str,
 }
 
@@ -47,24 +53,67 @@ fn entry(
     doc: &'static str,
 ) -> Entry {
     Entry {
-        name,
+        name: name.to_string(),
         value: value.to_string(),
         config_type,
         source,
+        read_only: true,
         doc,
     }
 }
 
-fn topic_configs(state: &BrokerState) -> Vec<Entry> {
-    let segment = state.config.storage.segment_bytes;
-    let max_message = state.config.max_request_bytes;
-    vec![
+/// Kafka's defaults of the topic configs this broker accepts and reports without acting on
+/// them (so DescribeConfigs lists every topic config, as Kafka does).
+const OTHER_TOPIC_DEFAULTS: &[(&str, &str)] = &[
+    ("compression.gzip.level", "-1"),
+    ("compression.lz4.level", "9"),
+    ("compression.zstd.level", "3"),
+    ("file.delete.delay.ms", "60000"),
+    ("flush.messages", "9223372036854775807"),
+    ("flush.ms", "9223372036854775807"),
+    ("follower.replication.throttled.replicas", ""),
+    ("index.interval.bytes", "4096"),
+    ("leader.replication.throttled.replicas", ""),
+    ("local.retention.bytes", "-2"),
+    ("local.retention.ms", "-2"),
+    ("max.compaction.lag.ms", "9223372036854775807"),
+    ("message.downconversion.enable", "true"),
+    ("message.format.version", "3.0-IV1"),
+    ("message.timestamp.after.max.ms", "9223372036854775807"),
+    ("message.timestamp.before.max.ms", "9223372036854775807"),
+    ("message.timestamp.difference.max.ms", "9223372036854775807"),
+    ("min.compaction.lag.ms", "0"),
+    ("preallocate", "false"),
+    ("remote.log.copy.disable", "false"),
+    ("remote.log.delete.on.disable", "false"),
+    ("remote.storage.enable", "false"),
+    ("segment.index.bytes", "10485760"),
+    ("segment.jitter.ms", "0"),
+    ("unclean.leader.election.enable", "false"),
+];
+
+/// The source of a default that a broker flag may set.
+fn broker_source(flag_set: bool) -> i8 {
+    if flag_set {
+        SOURCE_STATIC_BROKER
+    } else {
+        SOURCE_DEFAULT
+    }
+}
+
+/// The configs of `topic`: the defaults it runs with, overridden (and extended) by those set
+/// on it.
+fn topic_configs(state: &BrokerState, topic: &str) -> Vec<Entry> {
+    let defaults = state.store.default_log_config();
+    let storage = &state.config.storage;
+    let limit = |v: Option<i64>| v.unwrap_or(-1);
+    let mut entries = vec![
         entry(
             "cleanup.policy",
-            "delete",
+            defaults.cleanup_policy,
             TYPE_LIST,
             SOURCE_DEFAULT,
-            "Only deletion-free append is implemented.",
+            "delete: retention deletes old segments; compact: the log cleaner compacts.",
         ),
         entry(
             "compression.type",
@@ -74,11 +123,18 @@ fn topic_configs(state: &BrokerState) -> Vec<Entry> {
             "Batches are stored as the producer compressed them.",
         ),
         entry(
+            "delete.retention.ms",
+            defaults.delete_retention_ms,
+            TYPE_LONG,
+            SOURCE_DEFAULT,
+            "How long the cleaner keeps tombstones.",
+        ),
+        entry(
             "max.message.bytes",
-            max_message,
+            defaults.max_message_bytes,
             TYPE_INT,
-            SOURCE_STATIC_BROKER,
-            "Bounded by the broker's max request size.",
+            SOURCE_DEFAULT,
+            "Largest record batch Produce accepts (MESSAGE_TOO_LARGE above it).",
         ),
         entry(
             "message.timestamp.type",
@@ -86,6 +142,13 @@ fn topic_configs(state: &BrokerState) -> Vec<Entry> {
             TYPE_STRING,
             SOURCE_DEFAULT,
             "Timestamps are the producer's.",
+        ),
+        entry(
+            "min.cleanable.dirty.ratio",
+            defaults.min_cleanable_dirty_ratio,
+            TYPE_DOUBLE,
+            SOURCE_DEFAULT,
+            "The cleaner runs once this share of the log is uncleaned.",
         ),
         entry(
             "min.insync.replicas",
@@ -96,26 +159,67 @@ fn topic_configs(state: &BrokerState) -> Vec<Entry> {
         ),
         entry(
             "retention.bytes",
-            -1,
+            limit(defaults.retention_bytes),
             TYPE_LONG,
-            SOURCE_DEFAULT,
-            "No retention: logs are kept.",
+            broker_source(storage.retention_bytes.is_some()),
+            "Oldest closed segments are deleted while the partition is larger (-1: no limit).",
         ),
         entry(
             "retention.ms",
-            -1,
+            limit(defaults.retention_ms),
             TYPE_LONG,
-            SOURCE_DEFAULT,
-            "No retention: logs are kept.",
+            broker_source(storage.retention_ms.is_some()),
+            "Closed segments whose newest record is older are deleted (-1: no limit).",
         ),
         entry(
             "segment.bytes",
-            segment,
+            defaults.segment_bytes,
             TYPE_INT,
             SOURCE_STATIC_BROKER,
             "Segment roll size.",
         ),
-    ]
+    ];
+    entries.push(entry(
+        "segment.ms",
+        defaults.segment_ms.unwrap_or(i64::MAX),
+        TYPE_LONG,
+        SOURCE_DEFAULT,
+        "Roll a non-empty active segment older than this.",
+    ));
+    for (name, value) in OTHER_TOPIC_DEFAULTS {
+        let config_type = topic_configs::config_type(name).unwrap_or(TYPE_STRING);
+        entries.push(entry(
+            name,
+            value,
+            config_type,
+            SOURCE_DEFAULT,
+            "Accepted and reported; this broker does not act on it.",
+        ));
+    }
+    // Every topic config may be altered (Kafka reports none of them read-only).
+    for e in &mut entries {
+        e.read_only = false;
+    }
+    for (name, value) in state.store.topic_configs(topic).unwrap_or_default() {
+        let config_type = topic_configs::config_type(&name).unwrap_or(TYPE_STRING);
+        match entries.iter_mut().find(|e| e.name == name) {
+            Some(e) => {
+                e.value = value;
+                e.source = SOURCE_DYNAMIC_TOPIC;
+                e.read_only = false;
+            }
+            None => entries.push(Entry {
+                name,
+                value,
+                config_type,
+                source: SOURCE_DYNAMIC_TOPIC,
+                read_only: false,
+                doc: "Set on the topic; accepted and reported.",
+            }),
+        }
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    entries
 }
 
 fn broker_configs(state: &BrokerState) -> Vec<Entry> {
@@ -151,6 +255,31 @@ fn broker_configs(state: &BrokerState) -> Vec<Entry> {
             TYPE_INT,
             SOURCE_STATIC_BROKER,
             "Segment roll size.",
+        ),
+        entry(
+            "log.retention.bytes",
+            state.config.storage.retention_bytes.unwrap_or(-1),
+            TYPE_LONG,
+            SOURCE_STATIC_BROKER,
+            "Default retention.bytes of topics (--log-retention-bytes).",
+        ),
+        entry(
+            "log.retention.check.interval.ms",
+            state
+                .config
+                .storage
+                .retention_check_interval
+                .map_or(-1, |d| d.as_millis() as i64),
+            TYPE_LONG,
+            SOURCE_STATIC_BROKER,
+            "How often retention runs (--log-retention-check-interval-ms).",
+        ),
+        entry(
+            "log.retention.ms",
+            state.config.storage.retention_ms.unwrap_or(-1),
+            TYPE_LONG,
+            SOURCE_STATIC_BROKER,
+            "Default retention.ms of topics (--log-retention-ms).",
         ),
         entry(
             "message.max.bytes",
@@ -202,7 +331,9 @@ pub fn handle(
         .map(|resource| {
             let name = resource.resource_name.as_str();
             let configs = match resource.resource_type {
-                RESOURCE_TOPIC if state.partition_count(name).is_some() => Ok(topic_configs(state)),
+                RESOURCE_TOPIC if state.partition_count(name).is_some() => {
+                    Ok(topic_configs(state, name))
+                }
                 RESOURCE_TOPIC => Err((
                     ResponseError::UnknownTopicOrPartition,
                     format!("unknown topic {name:?}"),
@@ -227,16 +358,15 @@ pub fn handle(
                     entries
                         .into_iter()
                         .filter(|e| {
-                            resource
-                                .configuration_keys
-                                .as_ref()
-                                .is_none_or(|keys| keys.iter().any(|k| k.as_str() == e.name))
+                            resource.configuration_keys.as_ref().is_none_or(|keys| {
+                                keys.iter().any(|k| k.as_str() == e.name.as_str())
+                            })
                         })
                         .map(|e| {
                             DescribeConfigsResourceResult::default()
-                                .with_name(StrBytes::from_static_str(e.name))
+                                .with_name(StrBytes::from_string(e.name))
                                 .with_value(Some(StrBytes::from_string(e.value)))
-                                .with_read_only(true)
+                                .with_read_only(e.read_only)
                                 .with_config_source(e.source)
                                 .with_config_type(e.config_type)
                                 .with_documentation(

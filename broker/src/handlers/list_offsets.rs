@@ -102,6 +102,8 @@ fn lookup(
             };
             offset_for_timestamp(partition, ts)?
                 .filter(|&(offset, _)| offset < fetchable)
+                // A record below the log start (DeleteRecords inside a batch) answers the start.
+                .map(|(offset, t)| (offset.max(partition.log_start_offset()), t))
                 .unwrap_or((-1, -1))
         }
         _ => (-1, -1),

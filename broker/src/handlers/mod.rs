@@ -3,9 +3,11 @@
 
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
+pub mod alter_configs;
 pub mod api_versions;
 pub mod create_partitions;
 pub mod create_topics;
+pub mod delete_records;
 pub mod delete_topics;
 pub mod describe_configs;
 pub mod describe_groups;
@@ -15,6 +17,7 @@ pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
+pub mod incremental_alter_configs;
 pub mod init_producer_id;
 pub mod join_group;
 pub mod leave_group;
@@ -35,6 +38,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kafka_protocol::messages::{
     AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
+};
+use kafka_protocol::messages::{
+    AlterConfigsRequest, DeleteRecordsRequest, IncrementalAlterConfigsRequest,
 };
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, CreateTopicsRequest, DeleteTopicsRequest, DescribeConfigsRequest,
@@ -198,6 +204,28 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             let req: DescribeConfigsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &describe_configs::handle(state, &ctx, req))?)
         }
+        // retention and topic config APIs
+        ApiKey::DeleteRecords => {
+            let req: DeleteRecordsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &delete_records::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::AlterConfigs => {
+            let req: AlterConfigsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &alter_configs::handle(state, &ctx, req).await,
+            )?)
+        }
+        ApiKey::IncrementalAlterConfigs => {
+            let req: IncrementalAlterConfigsRequest = decode(&ctx, body)?;
+            Some(encode(
+                &ctx,
+                &incremental_alter_configs::handle(state, &ctx, req).await,
+            )?)
+        }
         // transaction APIs
         ApiKey::AddPartitionsToTxn => {
             let req: AddPartitionsToTxnRequest = decode(&ctx, body)?;
@@ -323,6 +351,9 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::DeleteTopics => "DeleteTopics",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DescribeConfigs => "DescribeConfigs",
+        ApiKey::DeleteRecords => "DeleteRecords",
+        ApiKey::AlterConfigs => "AlterConfigs",
+        ApiKey::IncrementalAlterConfigs => "IncrementalAlterConfigs",
         ApiKey::AddPartitionsToTxn => "AddPartitionsToTxn",
         ApiKey::AddOffsetsToTxn => "AddOffsetsToTxn",
         ApiKey::EndTxn => "EndTxn",

@@ -57,7 +57,19 @@ pub async fn handle(
                         format!("no partition {name}-{}", p.index),
                     )),
                     (_, Some(partition)) => match p.records {
-                        Some(records) => Ok((partition, records)),
+                        Some(records) => {
+                            let max = partition.log_config().max_message_bytes;
+                            match largest_batch(&records) {
+                                Some(size) if size > max.max(0) as usize => Err((
+                                    ResponseError::MessageTooLarge,
+                                    format!(
+                                        "record batch of {size} bytes is larger than the \
+                                         topic's max.message.bytes {max}"
+                                    ),
+                                )),
+                                _ => Ok((partition, records)),
+                            }
+                        }
                         None => Err((ResponseError::CorruptMessage, "null records".into())),
                     },
                 }
@@ -256,4 +268,19 @@ pub fn map_append_error(version: i16, error: &AppendError) -> (ResponseError, St
         AppendError::Storage(_) => ResponseError::KafkaStorageError,
     };
     (code, error.to_string())
+}
+
+/// The size of the largest record batch in a Produce request's records field (framing errors
+/// are left to the append, which refuses them with CORRUPT_MESSAGE).
+fn largest_batch(records: &[u8]) -> Option<usize> {
+    let mut pos = 0;
+    let mut largest = None;
+    while let Some(Ok(size)) = crate::storage::batch::peek_size(&records[pos..]) {
+        largest = largest.max(Some(size));
+        pos = pos.saturating_add(size);
+        if pos >= records.len() {
+            break;
+        }
+    }
+    largest
 }

@@ -1,7 +1,8 @@
-//! Validation of the topic configs a CreateTopics request carries, as Kafka's `LogConfig`
-//! does: an unknown name, a null value or a value of the wrong type or range is
-//! INVALID_CONFIG for that topic. Values that change the log (`LogConfig::apply`) are applied
-//! to the new topic's partitions; the others are accepted and not applied.
+//! Validation of the topic configs that CreateTopics, AlterConfigs and
+//! IncrementalAlterConfigs carry, as Kafka's `LogConfig` does: an unknown name, a null value
+//! or a value of the wrong type or range is INVALID_CONFIG for that topic. Every accepted
+//! config is persisted with the topic and reported by DescribeConfigs; those that change the
+//! log (`LogConfig::apply`) are applied to the topic's partitions, the others only reported.
 
 /// Why a topic config entry was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,7 +93,27 @@ const TOPIC_CONFIGS: &[(&str, Kind)] = &[
     ("unclean.leader.election.enable", Kind::Bool),
 ];
 
-/// Checks one CreateTopics config entry.
+/// DescribeConfigs' ConfigType code of a known topic config (BOOLEAN 1, STRING 2, INT 3,
+/// LONG 5, DOUBLE 6, LIST 7), or `None` for an unknown name.
+pub fn config_type(name: &str) -> Option<i8> {
+    let kind = TOPIC_CONFIGS.iter().find(|(n, _)| *n == name)?.1;
+    Some(match kind {
+        Kind::Bool => 1,
+        Kind::OneOf(_) | Kind::Any => 2,
+        Kind::Int(_) => 3,
+        Kind::Long(_) => 5,
+        Kind::Double(..) => 6,
+        Kind::ListOf(_) => 7,
+    })
+}
+
+/// Whether the config's value is a comma-separated list (IncrementalAlterConfigs' APPEND and
+/// SUBTRACT apply only to those).
+pub fn is_list(name: &str) -> bool {
+    config_type(name) == Some(7)
+}
+
+/// Checks one config entry.
 pub fn validate(name: &str, value: Option<&str>) -> Result<()> {
     let kind = TOPIC_CONFIGS
         .iter()

@@ -52,6 +52,9 @@ impl std::fmt::Display for FsyncPolicy {
     }
 }
 
+/// Kafka's default `log.retention.check.interval.ms`: five minutes.
+pub const DEFAULT_RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(300);
+
 /// Default segment size: 64 MiB.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -68,6 +71,16 @@ pub struct StorageConfig {
     /// At open, truncate a partition at an invalid batch that valid data follows (reporting
     /// what is dropped) instead of refusing to open. A torn tail is cut either way.
     pub repair_corrupt_logs: bool,
+    /// Broker-wide `retention.ms` of topics that do not set it (`--log-retention-ms`); `None`
+    /// keeps records regardless of age (Kafka's -1).
+    pub retention_ms: Option<i64>,
+    /// Broker-wide `retention.bytes` per partition (`--log-retention-bytes`); `None` keeps
+    /// records regardless of size (Kafka's -1, the default).
+    pub retention_bytes: Option<i64>,
+    /// How often the retention task looks for segments to delete
+    /// (`--log-retention-check-interval-ms`, Kafka's `log.retention.check.interval.ms`);
+    /// `None` runs no task (callers may call `Store::enforce_retention` themselves).
+    pub retention_check_interval: Option<Duration>,
 }
 
 impl Default for StorageConfig {
@@ -77,6 +90,9 @@ impl Default for StorageConfig {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             fsync: FsyncPolicy::default(),
             repair_corrupt_logs: false,
+            retention_ms: None,
+            retention_bytes: None,
+            retention_check_interval: Some(DEFAULT_RETENTION_CHECK_INTERVAL),
         }
     }
 }

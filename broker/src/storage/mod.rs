@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod index;
 pub mod log_config;
+pub mod log_start;
 pub mod memory;
 pub mod metrics;
 pub mod partition;
@@ -21,20 +22,24 @@ pub mod producer_state;
 mod recovery;
 pub mod segment;
 pub mod snapshot;
+pub mod topic_config_file;
 pub mod topics;
 pub mod txn_index;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use backend::{BackendFile, FileBackend, StorageBackend};
 pub use config::{FsyncPolicy, ParseFsyncPolicyError, StorageConfig};
 pub use error::{AppendError, ReadError, Result, StorageError};
 pub use log_config::{CleanupPolicy, LogConfig};
 pub use memory::MemBackend;
-pub use partition::{AppendOutcome, CommittedRead, Partition, PendingAppend};
+pub use partition::{
+    AppendOutcome, CommittedRead, DeleteRecordsError, Partition, PendingAppend, RetentionOutcome,
+};
+pub use topic_config_file::TopicConfigs;
 pub use txn_index::AbortedTxn;
 
 use partition::PartitionContext;
@@ -50,6 +55,9 @@ struct Inner {
     root: PathBuf,
     backend: Arc<dyn StorageBackend>,
     topics: RwLock<BTreeMap<String, Vec<Arc<Partition>>>>,
+    /// The configs each topic was created with or given later, as set (persisted in
+    /// `topics.configs`; changed only while holding the `topics` write lock).
+    configs: Mutex<TopicConfigs>,
 }
 
 /// The broker's store of topics. Cheap to clone (an `Arc` inside).
@@ -92,10 +100,14 @@ impl Store {
             root: root.to_path_buf(),
             backend,
             topics: RwLock::new(BTreeMap::new()),
+            configs: Mutex::new(TopicConfigs::new()),
         });
         inner.load_topics()?;
         if let FsyncPolicy::Interval(every) = inner.config.fsync {
             spawn_flusher(Arc::downgrade(&inner), every)?;
+        }
+        if let Some(every) = inner.config.retention_check_interval {
+            spawn_retention(Arc::downgrade(&inner), every)?;
         }
         Ok(Store { inner })
     }
@@ -111,18 +123,49 @@ impl Store {
         self.create_topic_with_config(name, partitions, self.default_log_config())
     }
 
-    /// The log settings of a topic created without configs.
+    /// The log settings of a topic created without configs (the broker-wide defaults).
     pub fn default_log_config(&self) -> LogConfig {
         self.inner.context().log_config
     }
 
-    /// Creates a topic whose partitions start with `log_config` (not persisted: after a
-    /// restart the partitions start with the broker's defaults).
+    /// The log settings of a topic with the configs `configs` (name -> value, already
+    /// validated): the broker's defaults with each config that changes the log applied.
+    pub fn resolve_log_config(&self, configs: &BTreeMap<String, String>) -> LogConfig {
+        self.inner.resolve(configs)
+    }
+
+    /// Creates a topic whose partitions start with `log_config`. Only the resolved settings
+    /// are kept, not persisted: after a restart the partitions start with the broker's
+    /// defaults. [`Store::create_topic_with_configs`] persists the configs.
     pub fn create_topic_with_config(
         &self,
         name: &str,
         partitions: i32,
         log_config: LogConfig,
+    ) -> Result<()> {
+        self.create(name, partitions, log_config, None)
+    }
+
+    /// Creates a topic with the topic configs `configs` (name -> value, already validated by
+    /// the caller). They are persisted with the topic (before it is registered, so a
+    /// registered topic never lacks them), reported by [`Store::topic_configs`] and resolved
+    /// against the broker's defaults into the partitions' [`LogConfig`].
+    pub fn create_topic_with_configs(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: BTreeMap<String, String>,
+    ) -> Result<()> {
+        let log_config = self.inner.resolve(&configs);
+        self.create(name, partitions, log_config, Some(configs))
+    }
+
+    fn create(
+        &self,
+        name: &str,
+        partitions: i32,
+        log_config: LogConfig,
+        configs: Option<BTreeMap<String, String>>,
     ) -> Result<()> {
         topics::validate_topic_name(name)?;
         if !(1..=MAX_PARTITIONS).contains(&partitions) {
@@ -154,6 +197,8 @@ impl Store {
                 .backend
                 .sync_dir(&inner.root)
                 .map_err(|e| StorageError::io(&inner.root, e))?;
+            // A config entry left by an earlier topic of the same name is replaced too.
+            inner.replace_configs(name, configs.clone().unwrap_or_default())?;
             let mut listed: Vec<(&str, i32)> = t
                 .iter()
                 .map(|(n, p)| (n.as_str(), p.len() as i32))
@@ -190,6 +235,10 @@ impl Store {
                 .map(|(n, p)| (n.as_str(), p.len() as i32)),
         )?;
         let parts = t.remove(name).unwrap_or_default();
+        if let Err(e) = inner.replace_configs(name, BTreeMap::new()) {
+            // The topic is unregistered already; the next open drops the stale entry.
+            tracing::warn!(topic = name, error = %e, "could not remove the deleted topic's configs");
+        }
         for p in parts {
             p.mark_deleted();
             if let Err(e) = inner.backend.remove_dir_all(p.dir()) {
@@ -198,6 +247,42 @@ impl Store {
         }
         tracing::info!(topic = name, "deleted topic");
         Ok(())
+    }
+
+    /// The configs `topic` was created with or given later (name -> value, as set), or
+    /// `None` if the topic does not exist.
+    pub fn topic_configs(&self, topic: &str) -> Option<BTreeMap<String, String>> {
+        let t = self.inner.topics.read().unwrap_or_else(|p| p.into_inner());
+        t.contains_key(topic).then_some(())?;
+        let configs = self.inner.configs.lock().unwrap_or_else(|p| p.into_inner());
+        Some(configs.get(topic).cloned().unwrap_or_default())
+    }
+
+    /// Replaces the configs of `topic` (name -> value, already validated): persists them,
+    /// then applies the resolved settings to every partition at once.
+    pub fn alter_topic_configs(
+        &self,
+        topic: &str,
+        configs: BTreeMap<String, String>,
+    ) -> Result<()> {
+        let t = self.inner.topics.write().unwrap_or_else(|p| p.into_inner());
+        let parts = t
+            .get(topic)
+            .ok_or_else(|| StorageError::UnknownTopic(topic.to_string()))?;
+        let log_config = self.inner.resolve(&configs);
+        self.inner.replace_configs(topic, configs)?;
+        for p in parts {
+            p.set_log_config(log_config.clone());
+        }
+        tracing::info!(topic, ?log_config, "topic configs changed");
+        Ok(())
+    }
+
+    /// One retention pass over every partition (see [`Partition::enforce_retention`]); the
+    /// background task started by [`Store::open`] calls it every
+    /// `StorageConfig::retention_check_interval`. Returns the segments and bytes deleted.
+    pub fn enforce_retention(&self) -> (usize, u64) {
+        self.inner.enforce_retention()
     }
 
     /// Applies `config` to every partition of `topic` (not persisted).
@@ -244,8 +329,90 @@ impl Inner {
             backend: Arc::clone(&self.backend),
             fsync: self.config.fsync,
             repair_corrupt_logs: self.config.repair_corrupt_logs,
-            log_config: LogConfig::with_segment_bytes(self.config.segment_bytes),
+            log_config: LogConfig {
+                retention_ms: self.config.retention_ms,
+                retention_bytes: self.config.retention_bytes,
+                ..LogConfig::with_segment_bytes(self.config.segment_bytes)
+            },
         }
+    }
+
+    fn resolve(&self, configs: &BTreeMap<String, String>) -> LogConfig {
+        let mut log_config = self.context().log_config;
+        for (name, value) in configs {
+            log_config.apply(name, value);
+        }
+        log_config
+    }
+
+    /// Sets (or, with an empty map, removes) the configs of `topic` and rewrites
+    /// `topics.configs` if that changed anything.
+    fn replace_configs(&self, topic: &str, entries: BTreeMap<String, String>) -> Result<()> {
+        let mut configs = self.configs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = configs.clone();
+        if entries.is_empty() {
+            next.remove(topic);
+        } else {
+            next.insert(topic.to_string(), entries);
+        }
+        if next != *configs {
+            self.write_configs(&next)?;
+            *configs = next;
+        }
+        Ok(())
+    }
+
+    fn write_configs(&self, configs: &TopicConfigs) -> Result<()> {
+        let path = self.root.join(topic_config_file::CONFIG_FILE);
+        self.backend
+            .write_file_atomic(&path, &topic_config_file::encode(configs))
+            .map_err(|e| StorageError::io(&path, e))
+    }
+
+    /// Reads `topics.configs`: a missing file means no topic has configs; a file that fails
+    /// to verify refuses the open (it is replaced atomically, so damage is not a crash, and
+    /// nothing else records the configs).
+    fn read_configs(&self) -> Result<TopicConfigs> {
+        let path = self.root.join(topic_config_file::CONFIG_FILE);
+        let Some(bytes) = self
+            .backend
+            .read_file(&path)
+            .map_err(|e| StorageError::io(&path, e))?
+        else {
+            return Ok(TopicConfigs::new());
+        };
+        topic_config_file::decode(&bytes).map_err(|reason| StorageError::Corrupt {
+            path: path.clone(),
+            reason: format!(
+                "the topic configs file is damaged ({reason}); it is only ever replaced \
+                 atomically, so this is not a crash, and the broker will not guess the topics' \
+                 retention and cleanup settings. The file was left unchanged: restore it from \
+                 a backup, or remove it to reset every topic to the broker's defaults"
+            ),
+        })
+    }
+
+    fn enforce_retention(&self) -> (usize, u64) {
+        let parts: Vec<Arc<Partition>> = {
+            let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
+            t.values().flatten().cloned().collect()
+        };
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let (mut segments, mut bytes) = (0, 0);
+        for p in parts {
+            match p.enforce_retention(now_ms) {
+                Ok(o) => {
+                    segments += o.segments_deleted;
+                    bytes += o.bytes_deleted;
+                }
+                Err(e) => {
+                    tracing::warn!(topic = p.topic(), partition = p.index(), error = %e, "retention pass failed")
+                }
+            }
+        }
+        (segments, bytes)
     }
 
     fn partition_dir(&self, topic: &str, partition: i32) -> PathBuf {
@@ -312,17 +479,32 @@ impl Inner {
                 (counts.into_iter().collect(), false)
             }
         };
+        let stored_configs = self.read_configs()?;
+        let mut configs = TopicConfigs::new();
         let mut expected = BTreeSet::new();
         let mut map = BTreeMap::new();
         for (name, n) in &registered {
+            let entries = stored_configs.get(name).cloned().unwrap_or_default();
+            let ctx = PartitionContext {
+                log_config: self.resolve(&entries),
+                ..self.context()
+            };
+            if !entries.is_empty() {
+                configs.insert(name.clone(), entries);
+            }
             let mut parts = Vec::with_capacity(*n as usize);
             for i in 0..*n {
                 let dir = self.partition_dir(name, i);
                 expected.insert(topics::partition_dir_name(name, i));
-                parts.push(Arc::new(Partition::open(self.context(), name, i, dir)?));
+                parts.push(Arc::new(Partition::open(ctx.clone(), name, i, dir)?));
             }
             map.insert(name.clone(), parts);
         }
+        if configs != stored_configs {
+            // Entries of topics that are not registered (a crash inside a create or delete).
+            self.write_configs(&configs)?;
+        }
+        *self.configs.lock().unwrap_or_else(|p| p.into_inner()) = configs;
         if trusted {
             for e in listing
                 .iter()
@@ -346,6 +528,30 @@ impl Inner {
     }
 }
 
+fn spawn_retention(inner: Weak<Inner>, every: Duration) -> Result<()> {
+    // Sleeps in short steps so the thread ends soon after the store is dropped.
+    let step = every.min(Duration::from_millis(500));
+    std::thread::Builder::new()
+        .name("onceflow-log-retention".into())
+        .spawn(move || {
+            let mut waited = Duration::ZERO;
+            loop {
+                std::thread::sleep(step);
+                let Some(inner) = inner.upgrade() else {
+                    break;
+                };
+                waited += step;
+                if waited < every {
+                    continue;
+                }
+                waited = Duration::ZERO;
+                inner.enforce_retention();
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| StorageError::io("onceflow-log-retention thread", e))
+}
+
 fn spawn_flusher(inner: Weak<Inner>, every: Duration) -> Result<()> {
     std::thread::Builder::new()
         .name("onceflow-log-flush".into())
@@ -361,3 +567,7 @@ fn spawn_flusher(inner: Weak<Inner>, every: Duration) -> Result<()> {
         .map(|_| ())
         .map_err(|e| StorageError::io("onceflow-log-flush thread", e))
 }
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod store_tests;

@@ -21,6 +21,9 @@ use super::segment::{self, HeaderWalker, Segment};
 use super::snapshot;
 use super::txn_index::{self, AbortedTxn, CONTROL_ABORT};
 
+mod retention;
+pub use retention::{DeleteRecordsError, RetentionOutcome};
+
 /// Snapshots kept per partition (the newest ones).
 pub(crate) const SNAPSHOTS_KEPT: usize = 2;
 
@@ -166,6 +169,7 @@ impl Partition {
         );
         let metrics = PartitionMetrics::new(topic, index);
         metrics.log_end_offset.set(state.log_end as f64);
+        metrics.log_start_offset.set(state.log_start as f64);
         Ok(Partition {
             topic: topic.to_string(),
             index,
@@ -336,10 +340,13 @@ impl Partition {
     }
 
     fn lso_of(st: &LogState) -> i64 {
+        // DeleteRecords may move the log start past an open transaction's first offset (as in
+        // Kafka); the last stable offset never falls below the log start.
         st.producers
             .iter()
             .filter_map(|(_, e)| e.txn_first_offset)
             .fold(st.high_watermark, i64::min)
+            .max(st.log_start)
     }
 
     /// Aborted transactions overlapping `[from, to)`, from the persisted index.
@@ -757,8 +764,9 @@ impl Partition {
         self.lock().log_end
     }
 
-    /// The first batch whose max timestamp is >= `ts`: its base offset and max timestamp.
-    /// `None` if no visible batch qualifies (or the lookup hit an I/O error, which is logged).
+    /// The first batch whose max timestamp is >= `ts`: its base offset (at least the log
+    /// start) and max timestamp. `None` if no visible batch qualifies (or the lookup hit an
+    /// I/O error, which is logged).
     pub fn offset_for_timestamp(&self, ts: i64) -> Option<(i64, i64)> {
         let st = self.lock();
         for seg in st.segments.iter().filter(|s| s.max_timestamp >= ts) {
@@ -770,8 +778,9 @@ impl Partition {
                         if h.base_offset >= st.high_watermark {
                             return None;
                         }
-                        if h.max_timestamp >= ts {
-                            return Some((h.base_offset, h.max_timestamp));
+                        // Batches wholly below the log start (DeleteRecords) are gone.
+                        if h.max_timestamp >= ts && h.last_offset() >= st.log_start {
+                            return Some((h.base_offset.max(st.log_start), h.max_timestamp));
                         }
                         pos += h.size as u64;
                     }

@@ -11,6 +11,7 @@ use super::backend::StorageBackend;
 use super::batch::BatchHeader;
 use super::error::{Result, StorageError};
 use super::index::{self, IndexEntry, INDEX_INTERVAL_BYTES};
+use super::log_start::{self, LOG_START_FILE};
 use super::metrics::RECOVERY_TRUNCATIONS;
 use super::partition::{LogState, SNAPSHOTS_KEPT};
 use super::producer_state::ProducerStates;
@@ -35,7 +36,7 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path, repair: bool) ->
         if entry.is_dir {
             continue;
         }
-        if entry.name == TXN_INDEX_FILE {
+        if entry.name == TXN_INDEX_FILE || entry.name == LOG_START_FILE {
             continue;
         }
         if entry.name.ends_with(".tmp") {
@@ -67,7 +68,22 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path, repair: bool) ->
         segments.push(Segment::create(backend, dir, 0).map_err(io(dir))?);
         backend.sync_dir(dir).map_err(io(dir))?;
     }
-    let bases: Vec<i64> = logs.into_iter().collect();
+    let mut bases: Vec<i64> = logs.into_iter().collect();
+    let checkpoint = read_log_start(backend, dir)?;
+    if let Some(start) = checkpoint {
+        // Segments wholly below the checkpointed log start are what an interrupted retention
+        // pass or DeleteRecords had still to delete: finish the deletion (the last segment
+        // always stays).
+        let below = bases.windows(2).take_while(|w| w[1] <= start).count();
+        if below > 0 {
+            tracing::info!(
+                dir = %dir.display(), log_start = start, segments = below,
+                "removing segments below the checkpointed log start"
+            );
+            remove_segments(backend, dir, &bases[..below])?;
+            bases.drain(..below);
+        }
+    }
     let mut i = 0;
     while i < bases.len() {
         let base = bases[i];
@@ -93,8 +109,20 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path, repair: bool) ->
             break;
         }
     }
-    let log_start = segments.first().map_or(0, |s| s.base_offset);
+    let first_base = segments.first().map_or(0, |s| s.base_offset);
     let log_end = segments.last().map_or(0, |s| s.next_offset);
+    let log_start = match checkpoint {
+        Some(start) if start > log_end => {
+            tracing::warn!(
+                dir = %dir.display(), checkpoint = start, log_end,
+                "log start checkpoint is past the recovered log end (data below it was not \
+                 durable); starting the log at its end"
+            );
+            log_end
+        }
+        Some(start) => start.max(first_base),
+        None => first_base,
+    };
     let txn_path = dir.join(TXN_INDEX_FILE);
     let stored_txn = backend.read_file(&txn_path).map_err(io(&txn_path))?;
     let (mut aborted, damaged) = txn_index::load(stored_txn.as_deref());
@@ -112,6 +140,8 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path, repair: bool) ->
         // Without a trustworthy index the whole log is replayed so no entry is lost.
         stored_txn.is_some() && !damaged,
     )?;
+    // Transactions aborted wholly below the log start can overlap no fetch any more.
+    aborted.retain(|e| e.last_offset >= log_start);
     if stored_txn.is_none() || damaged || aborted != loaded_aborted {
         backend
             .write_file_atomic(&txn_path, &txn_index::encode_file(&aborted))
@@ -146,6 +176,24 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path, repair: bool) ->
         }
     }
     Ok(state)
+}
+
+/// The checkpointed log start, if the file exists and verifies. A damaged checkpoint is
+/// dropped with a warning: the log then starts at its first segment, so records below the
+/// lost checkpoint may be served again, but none is lost.
+fn read_log_start(backend: &dyn StorageBackend, dir: &Path) -> Result<Option<i64>> {
+    let path = dir.join(LOG_START_FILE);
+    let Some(bytes) = backend.read_file(&path).map_err(io(&path))? else {
+        return Ok(None);
+    };
+    match log_start::decode(&bytes) {
+        Ok(offset) => Ok(Some(offset)),
+        Err(reason) => {
+            tracing::warn!(file = %path.display(), %reason, "log start checkpoint damaged; the log starts at its first segment");
+            backend.remove_file(&path).map_err(io(&path))?;
+            Ok(None)
+        }
+    }
 }
 
 /// What follows a fault in a segment: a valid batch in the same file, later segments.

@@ -10,9 +10,11 @@
 mod clients;
 mod inproc;
 mod process;
+mod python;
 mod raw;
 
 pub use clients::*;
 pub use inproc::*;
 pub use process::*;
+pub use python::*;
 pub use raw::*;

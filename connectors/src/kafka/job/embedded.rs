@@ -1,8 +1,20 @@
 //! The embedded default: without `--brokers` a job starts the bundled reference broker
-//! in-process (in memory, 4 partitions per topic) and creates its topics. Only with the
+//! in-process (in memory, 4 partitions per topic, size-based retention so memory stays
+//! bounded) and creates its topics. Only with the
 //! `embedded-broker` feature; a production build leaves the broker out.
 
 use crate::kafka::{KafkaError, Result};
+
+/// The embedded broker keeps its logs in memory: each partition keeps at most about this
+/// much (retention.bytes), so a long demo run stays bounded.
+#[cfg(feature = "embedded-broker")]
+const EMBEDDED_RETENTION_BYTES: i64 = 16 * 1024 * 1024;
+/// Small segments, so retention frees memory in small steps (only closed segments go).
+#[cfg(feature = "embedded-broker")]
+const EMBEDDED_SEGMENT_BYTES: u64 = 1024 * 1024;
+/// How often the embedded broker's retention runs.
+#[cfg(feature = "embedded-broker")]
+const EMBEDDED_RETENTION_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A broker running inside this process, shut down when the job ends.
 pub(crate) struct Embedded {
@@ -19,6 +31,12 @@ impl Embedded {
     ) -> Result<(Embedded, String)> {
         let cfg = onceflow_broker::BrokerConfig {
             default_partitions: 4,
+            storage: onceflow_broker::storage::StorageConfig {
+                segment_bytes: EMBEDDED_SEGMENT_BYTES,
+                retention_bytes: Some(EMBEDDED_RETENTION_BYTES),
+                retention_check_interval: Some(EMBEDDED_RETENTION_CHECK),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let handle = rt
