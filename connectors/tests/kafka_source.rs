@@ -1,5 +1,7 @@
 //! KafkaSource against the in-process broker: partitions spread over subtasks, positions
-//! snapshotted and restored (a restored reader continues where the snapshot was taken).
+//! snapshotted and restored (a restored reader continues where the snapshot was taken); a
+//! restored position whose records were deleted before they were read stops the source with
+//! DATA LOSS naming the partition and the offsets, instead of skipping them.
 
 mod kafka_support;
 
@@ -60,5 +62,66 @@ async fn positions_restore_and_partitions_split() {
     let mut extra = Vec::new();
     r.poll(&mut extra, 10).await.expect("poll");
     assert!(extra.is_empty());
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_deleted_before_it_was_read_is_data_loss_not_a_silent_skip() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+    let b = broker(1).await;
+    let brokers = b.bootstrap_servers();
+    let values: Vec<String> = (0..200).map(|i| format!("v{i}")).collect();
+    produce(&brokers, "gone", 1, &values);
+
+    let factory = KafkaSource::new(brokers.clone(), "gone", Decoder::raw());
+    let mut s = factory.create(&info(0, 1, 0)).expect("create");
+    let first = poll_n(&mut s, 20).await;
+    assert_eq!(first.len(), 20);
+    let pos = s.snapshot_position(1).expect("snapshot");
+    drop(s);
+
+    // the job is stopped at offset 20 while records up to 100 are deleted
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .expect("admin");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("gone", 0, Offset::Offset(100))
+        .expect("tpl");
+    let deleted = admin
+        .delete_records(&tpl, &AdminOptions::new())
+        .await
+        .expect("delete records");
+    assert_eq!(
+        deleted.find_partition("gone", 0).map(|e| e.offset()),
+        Some(Offset::Offset(100))
+    );
+
+    let mut r = factory.create(&info(0, 1, 1)).expect("create restored");
+    r.restore(vec![pos]).expect("restore");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let err = loop {
+        let mut batch = Vec::new();
+        match r.poll(&mut batch, 10).await {
+            Err(e) => break e.to_string(),
+            Ok(SourcePoll::Idle(d)) => tokio::time::sleep(d).await,
+            Ok(_) => {}
+        }
+        assert!(
+            batch.is_empty(),
+            "the source read past deleted input: {:?}",
+            batch.iter().map(|m| m.offset).collect::<Vec<_>>()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no error for deleted input within 60 s"
+        );
+    };
+    assert!(err.contains("DATA LOSS"), "{err}");
+    assert!(err.contains("partition 0: offsets 20..100"), "{err}");
+    assert!(err.contains("retention"), "{err}");
     b.shutdown().await;
 }

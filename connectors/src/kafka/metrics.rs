@@ -19,6 +19,9 @@ pub const CONSUMER_LAG: &str = "onceflow_kafka_consumer_lag";
 pub const RECORDS_PRODUCED: &str = "onceflow_kafka_records_produced_total";
 /// Counter: records consumed, label `topic`.
 pub const RECORDS_CONSUMED: &str = "onceflow_kafka_records_consumed_total";
+/// Counter: input partitions found to have lost records before the source read them
+/// (deleted by retention or DeleteRecords), label `topic`; the job stops with DATA LOSS.
+pub const INPUT_DELETED_BEFORE_READ: &str = "onceflow_kafka_input_deleted_before_read_total";
 /// Counter: checkpoints not sealed because their transactions may have timed out (the job
 /// restarts from the last sealed one).
 pub const SEALS_REFUSED: &str = "onceflow_kafka_seals_refused_total";

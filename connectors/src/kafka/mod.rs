@@ -43,7 +43,8 @@ pub enum KafkaError {
     /// A protocol-level error from the raw committer.
     #[error("kafka protocol error: {0}")]
     Protocol(String),
-    /// A pre-committed transaction of a complete checkpoint can no longer be committed.
+    /// Records the job is responsible for are gone: a pre-committed transaction of a complete
+    /// checkpoint can no longer be committed, or input was deleted before it was read.
     #[error("DATA LOSS: {0}")]
     DataLoss(String),
     /// A transaction that carries its checkpoint's input offsets failed and was aborted with

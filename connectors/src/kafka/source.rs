@@ -187,7 +187,12 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "false")
-            .set("auto.offset.reset", "earliest")
+            // every partition is assigned at an explicit position (a checkpoint's, the group's
+            // or the beginning), so a reset only happens when that position no longer exists:
+            // records were deleted (retention, DeleteRecords) before the job read them.
+            // librdkafka would jump to the new log start without telling the application;
+            // "error" reports it instead, and the source stops rather than skip records
+            .set("auto.offset.reset", "error")
             .set("statistics.interval.ms", "1000")
             .set("fetch.wait.max.ms", "50")
             // once a partition's local queue holds queued.min.messages (100k) librdkafka
@@ -257,6 +262,48 @@ impl<T> KafkaSourceReader<T> {
             metrics::gauge!(m::CONSUMER_LAG, "topic" => self.topic.clone(), "partition" => p.to_string())
                 .set((end - pos).max(0) as f64);
         }
+    }
+
+    /// The error for input deleted before it was read: names each partition whose position
+    /// lies below the partition's log start, and what the operator can do.
+    fn deleted_input_error(&self, e: &rdkafka::error::KafkaError) -> KafkaError {
+        let mut gone = Vec::new();
+        for p in &self.partitions {
+            // a partition without a position was assigned at its beginning: nothing skipped
+            let Some(pos) = self.positions.get(p).copied() else {
+                continue;
+            };
+            if let Ok((low, high)) = self
+                .consumer
+                .fetch_watermarks(&self.topic, *p, META_TIMEOUT)
+            {
+                if pos < low {
+                    gone.push(format!(
+                        "partition {p}: offsets {pos}..{low} ({} records)",
+                        low - pos
+                    ));
+                } else if pos > high {
+                    gone.push(format!(
+                        "partition {p}: the job had read up to offset {pos}, the partition now \
+                         ends at {high} (the broker lost records it had acknowledged)"
+                    ));
+                }
+            }
+        }
+        let which = if gone.is_empty() {
+            format!("({e})")
+        } else {
+            gone.join(", ")
+        };
+        metrics::counter!(m::INPUT_DELETED_BEFORE_READ, "topic" => self.topic.clone()).increment(1);
+        KafkaError::DataLoss(format!(
+            "input topic {} lost records before this job read them: {which}. They were \
+             deleted by the topic's retention (retention.ms / retention.bytes) or by \
+             DeleteRecords while the job was behind or stopped; onceflow stops instead of \
+             skipping them. Raise the input topic's retention, or accept the loss by \
+             starting over with a new --group and a new output topic",
+            self.topic
+        ))
     }
 
     fn assign(&mut self) -> onceflow_runtime::Result<()> {
@@ -332,6 +379,12 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
                         self.last_transient_log = std::time::Instant::now();
                     }
                     return Ok(SourcePoll::Idle(Duration::from_millis(100)));
+                }
+                Some(Err(e))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::AutoOffsetReset) =>
+                {
+                    return Err(self.deleted_input_error(&e).into());
                 }
                 Some(Err(e)) => {
                     return Err(KafkaError::client("consuming", e).into());
