@@ -22,6 +22,7 @@ fn open(backend: &MemBackend, repair: bool) -> Option<Store> {
         segment_bytes: 4096,
         fsync: FsyncPolicy::EveryBatch,
         repair_corrupt_logs: repair,
+        ..StorageConfig::default()
     };
     Store::open_with_backend(config, Arc::new(backend.clone()), Path::new(ROOT)).ok()
 }

@@ -44,16 +44,34 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
     bincode::serde::encode_to_vec(value, bincode_config()).map_err(Error::serialization)
 }
 
-/// Largest allocation a decoded value may claim (guards against corrupt length prefixes).
+/// Largest allocation a decoded value may claim, whatever the input's length.
 #[cfg(target_pointer_width = "64")]
 pub const DECODE_LIMIT: usize = 1 << 34;
-/// Largest allocation a decoded value may claim (guards against corrupt length prefixes).
+/// Largest allocation a decoded value may claim, whatever the input's length.
 #[cfg(not(target_pointer_width = "64"))]
 pub const DECODE_LIMIT: usize = 1 << 30;
 
-/// Deserializes a serde value with bincode 2; trailing bytes are an error.
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
-    let config = bincode_config().with_limit::<DECODE_LIMIT>();
+/// How much memory a decoded value may claim per byte of input. bincode counts a collection's
+/// claim as its length times the in-memory size of its element, and an element takes at least
+/// one byte of input (a `String` or `Vec` of length 0 is 24 bytes in memory, 1 byte encoded),
+/// so real values stay far below this; a corrupt length prefix in a short input cannot claim
+/// gigabytes.
+pub const DECODE_INFLATION: usize = 64;
+
+/// The smallest claim limit (small inputs of legitimately wide types still decode).
+pub const MIN_DECODE_LIMIT: usize = 1 << 20;
+
+/// The claim limit for an input of `len` bytes: `len` x [`DECODE_INFLATION`], rounded up to a
+/// power of two, within [`MIN_DECODE_LIMIT`]..=[`DECODE_LIMIT`].
+pub fn decode_limit_for(len: usize) -> usize {
+    len.saturating_mul(DECODE_INFLATION)
+        .checked_next_power_of_two()
+        .unwrap_or(DECODE_LIMIT)
+        .clamp(MIN_DECODE_LIMIT, DECODE_LIMIT)
+}
+
+fn decode_limited<T: DeserializeOwned, const LIMIT: usize>(bytes: &[u8]) -> Result<T> {
+    let config = bincode_config().with_limit::<LIMIT>();
     let (v, used) =
         bincode::serde::decode_from_slice::<T, _>(bytes, config).map_err(Error::serialization)?;
     if used != bytes.len() {
@@ -63,6 +81,26 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
         )));
     }
     Ok(v)
+}
+
+/// Deserializes a serde value with bincode 2; trailing bytes are an error. What the value may
+/// allocate is bounded by the input's length ([`decode_limit_for`]): a corrupt file or a state
+/// type changed between deploys fails with an error, never with a huge allocation.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    // bincode takes the limit as a const parameter: one instantiation per power of two
+    macro_rules! ladder {
+        ($limit:expr; $($bits:literal)*) => {
+            match $limit.trailing_zeros() {
+                $($bits => decode_limited::<T, { 1usize << $bits }>(bytes),)*
+                _ => decode_limited::<T, DECODE_LIMIT>(bytes),
+            }
+        };
+    }
+    let limit = decode_limit_for(bytes.len());
+    #[cfg(target_pointer_width = "64")]
+    return ladder!(limit; 20 21 22 23 24 25 26 27 28 29 30 31 32 33);
+    #[cfg(not(target_pointer_width = "64"))]
+    return ladder!(limit; 20 21 22 23 24 25 26 27 28 29);
 }
 
 /// Wraps `payload` in a frame.
@@ -154,6 +192,23 @@ mod tests {
         assert!(decode::<Vec<u8>>(&big).is_err());
         assert!(decode::<Vec<u64>>(&big).is_err());
         assert!(decode::<String>(&big).is_err());
+    }
+
+    #[test]
+    fn the_decode_limit_follows_the_input_length() {
+        assert_eq!(decode_limit_for(0), MIN_DECODE_LIMIT);
+        assert_eq!(decode_limit_for(21), MIN_DECODE_LIMIT);
+        assert_eq!(decode_limit_for(1 << 20), 1 << 26);
+        assert_eq!(decode_limit_for((1 << 20) + 1), 1 << 27);
+        assert_eq!(decode_limit_for(usize::MAX), DECODE_LIMIT);
+        // a String claiming 5.3 GB in a 21-byte input (found by fuzzing checkpoint files)
+        let mut short = vec![253u8];
+        short.extend_from_slice(&5_352_129_283u64.to_le_bytes());
+        short.extend_from_slice(&[0; 12]);
+        assert!(decode::<(String, Vec<u8>)>(&short).is_err());
+        // wide values still decode: 10,000 empty strings are 10,000 bytes, 240 KB in memory
+        let wide = encode(&vec![String::new(); 10_000]).unwrap();
+        assert_eq!(decode::<Vec<String>>(&wide).unwrap().len(), 10_000);
     }
 
     #[test]
