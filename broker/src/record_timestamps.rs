@@ -100,7 +100,7 @@ pub fn first_record_at_or_after(batch: &[u8], ts: i64) -> Result<Option<(i64, i6
     Ok(None)
 }
 
-fn decompress(codec: i16, records: &[u8]) -> Result<Bytes> {
+pub(crate) fn decompress(codec: i16, records: &[u8]) -> Result<Bytes> {
     let mut src = Bytes::copy_from_slice(records);
     let take = |b: &mut Bytes| Ok(std::mem::take(b));
     let out = match codec {
@@ -126,7 +126,7 @@ fn i32_at(b: &[u8], at: usize) -> i32 {
 }
 
 /// A zigzag varint/varlong (at most 10 bytes) and the bytes it used.
-fn varint(b: &[u8]) -> Option<(i64, usize)> {
+pub(crate) fn varint(b: &[u8]) -> Option<(i64, usize)> {
     let mut raw: u64 = 0;
     for (i, &byte) in b.iter().take(10).enumerate() {
         raw |= u64::from(byte & 0x7f) << (7 * i);

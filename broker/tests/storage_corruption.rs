@@ -53,6 +53,7 @@ fn open_with(
         segment_bytes,
         fsync: FsyncPolicy::EveryBatch,
         repair_corrupt_logs,
+        ..StorageConfig::default()
     };
     Store::open_with_backend(config, Arc::new(backend.clone()), Path::new(ROOT))
 }

@@ -187,13 +187,25 @@ pub fn validate_batch(buf: &[u8]) -> Result<BatchHeader, BatchFault> {
             h.last_offset_delta
         )));
     }
+    // A batch the cleaner rewrote keeps its offset range with fewer records (possibly none).
+    if h.record_count < 0 || i64::from(h.record_count) > i64::from(h.last_offset_delta) + 1 {
+        return Err(BatchFault::Invalid(format!(
+            "record count {} does not fit lastOffsetDelta {}",
+            h.record_count, h.last_offset_delta
+        )));
+    }
+    Ok(h)
+}
+
+/// What producers must send on top of [`validate_batch`]: one record per offset.
+fn check_full_batch(h: &BatchHeader) -> Result<(), BatchFault> {
     if i64::from(h.record_count) != i64::from(h.last_offset_delta) + 1 {
         return Err(BatchFault::Invalid(format!(
             "record count {} does not match lastOffsetDelta {}",
             h.record_count, h.last_offset_delta
         )));
     }
-    Ok(h)
+    Ok(())
 }
 
 /// Splits a produce request's records into validated batches: `(position, header)` pairs.
@@ -232,6 +244,7 @@ pub fn split_batches(buf: &[u8]) -> Result<Vec<(usize, BatchHeader)>, BatchFault
             )));
         }
         let h = validate_batch(&rest[..size])?;
+        check_full_batch(&h)?;
         out.push((pos, h));
         pos += size;
     }

@@ -55,6 +55,9 @@ impl std::fmt::Display for FsyncPolicy {
 /// Default segment size: 64 MiB.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Default pause between log-cleaner ticks.
+pub const DEFAULT_CLEANER_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Configuration of a [`Store`](super::Store).
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
@@ -68,6 +71,9 @@ pub struct StorageConfig {
     /// At open, truncate a partition at an invalid batch that valid data follows (reporting
     /// what is dropped) instead of refusing to open. A torn tail is cut either way.
     pub repair_corrupt_logs: bool,
+    /// How often the log cleaner looks for partitions to compact and active segments to roll
+    /// by `segment.ms`; `None` runs no cleaner (Kafka's `log.cleaner.backoff.ms`).
+    pub cleaner_interval: Option<Duration>,
 }
 
 impl Default for StorageConfig {
@@ -77,6 +83,7 @@ impl Default for StorageConfig {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             fsync: FsyncPolicy::default(),
             repair_corrupt_logs: false,
+            cleaner_interval: Some(DEFAULT_CLEANER_INTERVAL),
         }
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod batch;
+pub mod cleaner;
 pub mod config;
 pub mod error;
 pub mod index;
@@ -78,6 +79,7 @@ impl Store {
         root: &Path,
     ) -> Result<Store> {
         metrics::describe();
+        cleaner::describe();
         let segment_bytes = config.segment_bytes.max(batch::HEADER_LEN as u64);
         let config = StorageConfig {
             segment_bytes,
@@ -95,6 +97,9 @@ impl Store {
         inner.load_topics()?;
         if let FsyncPolicy::Interval(every) = inner.config.fsync {
             spawn_flusher(Arc::downgrade(&inner), every)?;
+        }
+        if let Some(every) = inner.config.cleaner_interval {
+            cleaner::spawn(Arc::downgrade(&inner), every)?;
         }
         Ok(Store { inner })
     }
@@ -209,6 +214,16 @@ impl Store {
             p.set_log_config(config.clone());
         }
         Ok(())
+    }
+
+    /// Runs one log-cleaner pass over a partition now, whatever its dirty ratio and cleanup
+    /// policy (tests and benchmarks; the background cleaner schedules passes itself). `None`
+    /// if the partition has no cleanable segment.
+    pub fn clean_now(&self, topic: &str, partition: i32) -> Result<Option<cleaner::CleanReport>> {
+        let p = self
+            .partition(topic, partition)
+            .ok_or_else(|| StorageError::UnknownTopic(topic.to_string()))?;
+        cleaner::clean_partition(&p, cleaner::pass::now_ms())
     }
 
     /// All topics with their partition counts, sorted by name.

@@ -71,6 +71,22 @@ fn last_offset_in(records: &[u8]) -> Option<i64> {
     last
 }
 
+/// Whether `records` holds whole batches and none of them has a record (batches the cleaner
+/// emptied).
+fn only_empty_batches(records: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(Ok(size)) = batch::peek_size(&records[pos..]) {
+        let Some(b) = records.get(pos..pos + size) else {
+            break;
+        };
+        match batch::parse_header(b) {
+            Ok(h) if h.record_count == 0 => pos += size,
+            _ => return false,
+        }
+    }
+    pos > 0
+}
+
 /// The mutable state of a partition's log, guarded by the partition's mutex.
 #[derive(Debug)]
 pub(crate) struct LogState {
@@ -186,6 +202,50 @@ impl Partition {
     /// Replaces the partition's log settings; the next append, roll or cleaner pass uses them.
     pub fn set_log_config(&self, config: LogConfig) {
         *self.log_config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+    }
+
+    /// The log state under the partition lock (the cleaner's view and swap).
+    pub(crate) fn lock_state(&self) -> MutexGuard<'_, LogState> {
+        self.lock()
+    }
+
+    /// The storage backend the partition's files live on.
+    pub(crate) fn backend(&self) -> &Arc<dyn StorageBackend> {
+        &self.ctx.backend
+    }
+
+    /// Rolls the active segment if it holds data whose first batch's max timestamp is more
+    /// than `segment.ms` before `now_ms` (Kafka's time-based roll), so it becomes cleanable.
+    pub(crate) fn roll_if_older_than(
+        &self,
+        segment_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, StorageError> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        if st.deleted || st.failed.is_some() {
+            return Ok(false);
+        }
+        let Some(active) = st.segments.last() else {
+            return Ok(false);
+        };
+        if active.size() == 0 {
+            return Ok(false);
+        }
+        let first = HeaderWalker::new(active.log.as_ref(), active.size())
+            .header_at(0)
+            .map_err(|e| self.io_err(&active.log_path, e))?;
+        let Some(Ok(first)) = first else {
+            return Ok(false);
+        };
+        if now_ms.saturating_sub(first.max_timestamp) <= segment_ms {
+            return Ok(false);
+        }
+        if let Err(e) = self.roll(st) {
+            st.failed = Some(format!("segment roll failed: {e}"));
+            return Err(e);
+        }
+        Ok(true)
     }
 
     /// The topic this partition belongs to.
@@ -680,6 +740,34 @@ impl Partition {
     /// Like [`Partition::read`], but stops before the first batch at or past `end_offset`
     /// (e.g. the last stable offset for read_committed fetches).
     pub fn read_until(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+        end_offset: i64,
+    ) -> Result<Bytes, ReadError> {
+        let first = self.read_in_segment(fetch_offset, max_bytes, end_offset)?;
+        if !only_empty_batches(&first) {
+            return Ok(first);
+        }
+        // A compacted log keeps empty batches (a producer's last batch, a segment's last
+        // batch). A response holding nothing else makes librdkafka grow its fetch size and,
+        // after ten such responses, report MSG_SIZE_TOO_LARGE: read on to the next records.
+        let mut out = BytesMut::from(&first[..]);
+        while let Some(next) = last_offset_in(&out).map(|o| o + 1) {
+            let more = match self.read_in_segment(next, max_bytes, end_offset) {
+                Ok(more) if !more.is_empty() => more,
+                _ => break,
+            };
+            out.extend_from_slice(&more);
+            if !only_empty_batches(&more) || out.len() >= max_bytes {
+                break;
+            }
+        }
+        Ok(out.freeze())
+    }
+
+    /// [`Partition::read_until`] within the segment holding `fetch_offset`.
+    fn read_in_segment(
         &self,
         fetch_offset: i64,
         max_bytes: usize,
