@@ -313,9 +313,8 @@ pub struct ScanEnd {
     pub fault: Option<String>,
 }
 
-/// Scans `file` from `pos`, where a batch with base offset at least `offset` should start,
-/// validating each batch (length, magic, CRC-32C, increasing offsets: compacted segments have
-/// gaps) and calling `f(position, header)`.
+/// Scans `file` from `pos`, where a batch with base offset `offset` should start, validating
+/// each batch (length, magic, CRC-32C, contiguous offsets) and calling `f(position, header)`.
 pub fn scan_validate(
     file: &dyn BackendFile,
     mut pos: u64,
@@ -360,10 +359,9 @@ pub fn scan_validate(
             Ok(h) => h,
             Err(e) => break Some(e.to_string()),
         };
-        // Offsets strictly increase; the cleaner leaves gaps where it removed batches.
-        if h.base_offset < offset {
+        if h.base_offset != offset {
             break Some(format!(
-                "batch has base offset {}, expected at least {offset}",
+                "batch has base offset {}, expected {offset}",
                 h.base_offset
             ));
         }

@@ -212,3 +212,6 @@ pub(super) fn spawn(inner: Weak<Inner>, every: Duration) -> Result<(), StorageEr
         .map(|_| ())
         .map_err(|e| StorageError::io("onceflow-log-cleaner thread", e))
 }
+
+#[cfg(test)]
+mod tests;

@@ -18,7 +18,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use bytes::{Bytes, BytesMut};
 
 use super::rules::{self, AbortedRanges, FilterStats, KeyMap, Verdict};
-use super::swap;
+use super::{records, swap};
 use crate::storage::backend::BackendFile;
 use crate::storage::batch::{self, BatchHeader};
 use crate::storage::error::StorageError;
@@ -155,45 +155,27 @@ pub fn clean(p: &Partition, now_ms: i64) -> Result<Option<CleanReport>, StorageE
         let bytes = read_all(p, s)?;
         report.bytes_read += bytes.len() as u64;
         let list = batches(p, &bytes)?;
-        let mut out = BytesMut::with_capacity(bytes.len());
+        let mut w = SegmentWriter::new(bytes.len());
         let mut changed = false;
-        let mut index = Vec::new();
-        let mut max_ts = i64::MIN;
-        let mut last_entry_pos = 0u64;
-        for (i, (pos, h)) in list.iter().enumerate() {
+        for (pos, h) in &list {
             let stored = &bytes[*pos..*pos + h.size];
-            let keep_header = i + 1 == list.len();
             let verdict = filter
-                .batch(stored, h, keep_header)
+                .batch(stored, h, false)
                 .map_err(|e| corrupt(p, e.to_string()))?;
-            let at = out.len() as u64;
-            let written = match verdict {
-                Verdict::Keep => {
-                    out.extend_from_slice(stored);
-                    true
-                }
+            match verdict {
+                Verdict::Keep => w.push(stored, h),
                 Verdict::Rewrite(b) => {
-                    out.extend_from_slice(&b);
+                    w.push(&b, h);
                     changed = true;
-                    true
                 }
                 Verdict::Remove => {
+                    w.remove(h);
                     changed = true;
-                    false
                 }
-            };
-            if written {
-                if at >= last_entry_pos + INDEX_INTERVAL_BYTES {
-                    index.push(IndexEntry {
-                        offset: h.base_offset,
-                        position: at,
-                        max_ts_before: max_ts,
-                    });
-                    last_entry_pos = at;
-                }
-                max_ts = max_ts.max(h.max_timestamp);
             }
         }
+        w.close_gap(s.next_offset);
+        let (out, index, max_ts) = (w.out, w.index, w.max_ts);
         if changed {
             outputs.push((s.clone(), out, index, max_ts));
         }
@@ -214,6 +196,67 @@ pub fn clean(p: &Partition, now_ms: i64) -> Result<Option<CleanReport>, StorageE
     }
     report.micros = started.elapsed().as_micros() as u64;
     Ok(Some(report))
+}
+
+/// Builds a cleaned segment: kept batches, fillers for runs of removed ones, the index.
+struct SegmentWriter {
+    out: BytesMut,
+    index: Vec<IndexEntry>,
+    max_ts: i64,
+    last_entry_pos: u64,
+    /// First offset of the run of removed batches not yet covered by a filler.
+    gap: Option<i64>,
+}
+
+impl SegmentWriter {
+    fn new(capacity: usize) -> Self {
+        SegmentWriter {
+            out: BytesMut::with_capacity(capacity),
+            index: Vec::new(),
+            max_ts: i64::MIN,
+            last_entry_pos: 0,
+            gap: None,
+        }
+    }
+
+    fn push(&mut self, b: &[u8], h: &BatchHeader) {
+        self.close_gap(h.base_offset);
+        self.append(b, h);
+    }
+
+    fn append(&mut self, b: &[u8], h: &BatchHeader) {
+        let at = self.out.len() as u64;
+        if at >= self.last_entry_pos + INDEX_INTERVAL_BYTES {
+            self.index.push(IndexEntry {
+                offset: h.base_offset,
+                position: at,
+                max_ts_before: self.max_ts,
+            });
+            self.last_entry_pos = at;
+        }
+        self.max_ts = self.max_ts.max(h.max_timestamp);
+        self.out.extend_from_slice(b);
+    }
+
+    fn remove(&mut self, h: &BatchHeader) {
+        self.gap.get_or_insert(h.base_offset);
+    }
+
+    /// Covers the removed run before `until` with a filler.
+    fn close_gap(&mut self, until: i64) {
+        if let Some(from) = self.gap.take() {
+            let f = records::filler(from, until - 1);
+            let mut pos = 0;
+            while let Ok(fh) = batch::parse_header(&f[pos..]) {
+                let end = pos + fh.size;
+                self.append(&f[pos..end], &fh);
+                pos = end;
+                if pos >= f.len() {
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Drops the aborted-index entries of removed ABORT markers, rewriting the file atomically.

@@ -176,6 +176,36 @@ pub fn rewrite(
     Ok(out)
 }
 
+/// An empty batch covering offsets `base..=last` (no producer, no records, no timestamps):
+/// it takes the place of batches the cleaner removed, so offsets in a segment stay
+/// contiguous (clients skip it, as they skip Kafka's retained empty batches). Ranges wider
+/// than `i32::MAX` offsets take several.
+pub fn filler(base: i64, last: i64) -> BytesMut {
+    let mut out = BytesMut::new();
+    let mut from = base;
+    while from <= last {
+        let delta = (last - from).min(i64::from(i32::MAX)) as i32;
+        let at = out.len();
+        out.put_i64(from);
+        out.put_i32((HEADER_LEN - LOG_OVERHEAD) as i32);
+        out.put_i32(0); // partition leader epoch
+        out.put_i8(2);
+        out.put_u32(0); // CRC, below
+        out.put_i16(0);
+        out.put_i32(delta);
+        out.put_i64(-1);
+        out.put_i64(-1);
+        out.put_i64(-1);
+        out.put_i16(-1);
+        out.put_i32(-1);
+        out.put_i32(0);
+        let crc = crc32c::crc32c(&out[at + ATTRIBUTES_AT..]);
+        out[at + CRC_AT..at + CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+        from += i64::from(delta) + 1;
+    }
+    out
+}
+
 fn compress(codec: i16, raw: &[u8]) -> Result<BytesMut, String> {
     let mut out = BytesMut::new();
     let put = |b: &mut BytesMut| {
@@ -275,6 +305,22 @@ mod tests {
         assert_eq!((nh.record_count, nh.last_offset()), (0, h.last_offset()));
         assert_eq!(nh.attributes & ATTR_COMPRESSION_MASK, 0);
         assert_eq!((nh.producer_id, nh.base_sequence), (9, h.base_sequence));
+    }
+
+    #[test]
+    fn fillers_are_valid_empty_batches_covering_their_range() {
+        let f = filler(10, 20);
+        let h = validate_batch(&f).unwrap();
+        assert_eq!(
+            (h.base_offset, h.last_offset(), h.record_count),
+            (10, 20, 0)
+        );
+        assert!(!h.has_producer_id());
+        let wide = filler(0, i64::from(i32::MAX) + 5);
+        let first = validate_batch(&wide[..HEADER_LEN]).unwrap();
+        let second = validate_batch(&wide[HEADER_LEN..]).unwrap();
+        assert_eq!(second.base_offset, first.last_offset() + 1);
+        assert_eq!(second.last_offset(), i64::from(i32::MAX) + 5);
     }
 
     #[test]
