@@ -382,3 +382,41 @@ fn kill9_at_cleaner_failpoints_then_restart_gives_the_same_log() {
     crash_at("before-swap", "cleaned");
     crash_at("mid-swap", "swap");
 }
+
+#[test]
+fn a_compacted_topic_refuses_records_without_a_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let broker = BrokerChild::spawn(&data, &[]);
+    create_topic(&broker.bootstrap);
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .set("message.timeout.ms", "30000")
+        .create()
+        .expect("producer");
+    // One batch each: a refused batch fails as a whole.
+    p.send(
+        BaseRecord::<(), str>::to(TOPIC)
+            .partition(0)
+            .payload("no key"),
+    )
+    .map_err(|(e, _)| e)
+    .expect("enqueue");
+    p.flush(T).expect("flush");
+    p.send(
+        BaseRecord::<str, str>::to(TOPIC)
+            .partition(0)
+            .key("k")
+            .payload("keyed"),
+    )
+    .map_err(|(e, _)| e)
+    .expect("enqueue");
+    p.flush(T).expect("flush");
+    // Only the keyed record is in the log.
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .create()
+        .expect("consumer");
+    let (_, high) = c.fetch_watermarks(TOPIC, 0, T).expect("watermarks");
+    assert_eq!(high, 1, "the keyless record was refused");
+}

@@ -309,6 +309,10 @@ impl Partition {
                 "clients may not write control batches".into(),
             ));
         }
+        if self.log_config().cleanup_policy.compact {
+            super::cleaner::records::check_keyed(&records, &batches)
+                .map_err(AppendError::InvalidRecord)?;
+        }
         self.append_validated(&records, &batches)
     }
 

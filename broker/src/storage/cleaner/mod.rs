@@ -112,16 +112,20 @@ impl Scheduler {
                     next_due: None,
                 };
             }
-            let (dirty, total) = {
+            let (dirty, total, end) = {
                 let st = p.lock_state();
-                pass::cleanable(&st).iter().fold((0u64, 0u64), |(d, t), s| {
-                    let dirty = if s.base >= pr.cleaned_up_to {
-                        s.size
-                    } else {
-                        0
-                    };
-                    (d + dirty, t + s.size)
-                })
+                let segs = pass::cleanable(&st);
+                let dirty: u64 = segs
+                    .iter()
+                    .filter(|s| s.base >= pr.cleaned_up_to)
+                    .map(|s| s.size)
+                    .sum();
+                let total: u64 = segs.iter().map(|s| s.size).sum();
+                (
+                    dirty,
+                    total,
+                    segs.last().map_or(i64::MIN, |s| s.next_offset),
+                )
             };
             let ratio = if total == 0 {
                 0.0
@@ -140,7 +144,9 @@ impl Scheduler {
                 }
                 Ok(None) => pr.next_due = None,
                 Err(e) => {
+                    // Retried once new data arrives, not at every tick.
                     tracing::warn!(topic = p.topic(), partition = p.index(), error = %e, "cleaning pass failed; the partition is left as it was");
+                    pr.cleaned_up_to = end;
                     pr.next_due = None;
                 }
             }

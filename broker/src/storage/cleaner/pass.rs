@@ -168,13 +168,11 @@ pub fn clean(p: &Partition, now_ms: i64) -> Result<Option<CleanReport>, StorageE
                     w.push(&b, h);
                     changed = true;
                 }
-                Verdict::Remove => {
-                    w.remove(h);
-                    changed = true;
-                }
+                Verdict::Remove => w.remove(h),
             }
         }
         w.close_gap(s.next_offset);
+        changed |= w.changed;
         let (out, index, max_ts) = (w.out, w.index, w.max_ts);
         if changed {
             outputs.push((s.clone(), out, index, max_ts));
@@ -206,6 +204,12 @@ struct SegmentWriter {
     last_entry_pos: u64,
     /// First offset of the run of removed batches not yet covered by a filler.
     gap: Option<i64>,
+    /// Batches in that run, and whether it is one filler of an earlier pass (written back
+    /// unchanged).
+    gap_batches: usize,
+    gap_is_filler: bool,
+    /// The output differs from the input by removed batches.
+    changed: bool,
 }
 
 impl SegmentWriter {
@@ -216,6 +220,9 @@ impl SegmentWriter {
             max_ts: i64::MIN,
             last_entry_pos: 0,
             gap: None,
+            gap_batches: 0,
+            gap_is_filler: false,
+            changed: false,
         }
     }
 
@@ -240,11 +247,16 @@ impl SegmentWriter {
 
     fn remove(&mut self, h: &BatchHeader) {
         self.gap.get_or_insert(h.base_offset);
+        self.gap_batches += 1;
+        self.gap_is_filler = self.gap_batches == 1 && is_filler(h);
     }
 
     /// Covers the removed run before `until` with a filler.
     fn close_gap(&mut self, until: i64) {
         if let Some(from) = self.gap.take() {
+            self.changed |= !self.gap_is_filler;
+            self.gap_batches = 0;
+            self.gap_is_filler = false;
             let f = records::filler(from, until - 1);
             let mut pos = 0;
             while let Ok(fh) = batch::parse_header(&f[pos..]) {
@@ -257,6 +269,11 @@ impl SegmentWriter {
             }
         }
     }
+}
+
+/// Whether `h` is a filler batch an earlier pass wrote ([`records::filler`]).
+fn is_filler(h: &BatchHeader) -> bool {
+    h.record_count == 0 && h.attributes == 0 && !h.has_producer_id() && h.base_timestamp == -1
 }
 
 /// Drops the aborted-index entries of removed ABORT markers, rewriting the file atomically.

@@ -100,6 +100,22 @@ pub fn parse_records(batch: &[u8], h: &BatchHeader) -> Result<Vec<RawRecord>, Re
     Ok(out)
 }
 
+/// Kafka's rule for compacted topics: every record of the producer's batches
+/// (`(position, header)` within `records`) has a key; the error says which does not.
+pub fn check_keyed(records: &[u8], batches: &[(usize, BatchHeader)]) -> Result<(), String> {
+    for (pos, h) in batches {
+        let batch = records.get(*pos..*pos + h.size).unwrap_or_default();
+        let recs = parse_records(batch, h).map_err(|e| e.to_string())?;
+        if let Some(r) = recs.iter().find(|r| r.key.is_none()) {
+            return Err(format!(
+                "compacted topic cannot accept a record without a key (record {} of the batch)",
+                r.offset - h.base_offset
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn read_bytes<'a>(b: &'a [u8], at: &mut usize) -> Option<Option<&'a [u8]>> {
     let (len, used) = varint(b.get(*at..)?)?;
     *at += used;
