@@ -1,7 +1,7 @@
 //! One cleaning pass over a partition: take the cleanable segments (closed, entirely below
 //! the last stable offset and the high watermark), build the key map over them, filter every
 //! batch with [`rules::Filter`], write each changed segment's cleaned copy and swap it in
-//! ([`swap`]), oldest first.
+//! ([`swap`]), oldest first, one segment at a time (memory holds one cleaned segment).
 //!
 //! Oldest first, one completed swap at a time, keeps every crash state consistent: a
 //! tombstone (or marker) is only removed in a segment at or after the ones holding the
@@ -150,7 +150,6 @@ pub fn clean(p: &Partition, now_ms: i64) -> Result<Option<CleanReport>, StorageE
         }
     }
     let mut filter = rules::Filter::new(now_ms, config.delete_retention_ms, &keys, &ranges, &last);
-    let mut outputs: Vec<(SegmentRef, BytesMut, Vec<IndexEntry>, i64)> = Vec::new();
     for s in &segs {
         let bytes = read_all(p, s)?;
         report.bytes_read += bytes.len() as u64;
@@ -173,25 +172,22 @@ pub fn clean(p: &Partition, now_ms: i64) -> Result<Option<CleanReport>, StorageE
         }
         w.close_gap(s.next_offset);
         changed |= w.changed;
-        let (out, index, max_ts) = (w.out, w.index, w.max_ts);
+        let removed_aborts = std::mem::take(&mut filter.removed_aborts);
+        if !removed_aborts.is_empty() {
+            // Before the swap that removes their markers (the transactions' data is already
+            // gone from the log): an entry must never outlive its marker.
+            prune_aborted(p, &removed_aborts)?;
+        }
         if changed {
-            outputs.push((s.clone(), out, index, max_ts));
+            if !swap_in(p, s, &w.out, w.index, w.max_ts)? {
+                break;
+            }
+            report.segments_rewritten += 1;
+            report.bytes_written += w.out.len() as u64;
         }
     }
     report.stats = filter.stats;
     report.next_due = filter.next_due;
-    if !filter.removed_aborts.is_empty() {
-        // Before any swap: the transactions' data is already gone from the log, and an entry
-        // must never outlive its marker.
-        prune_aborted(p, &filter.removed_aborts)?;
-    }
-    for (s, out, index, max_ts) in outputs {
-        if !swap_in(p, &s, &out, index, max_ts)? {
-            break;
-        }
-        report.segments_rewritten += 1;
-        report.bytes_written += out.len() as u64;
-    }
     report.micros = started.elapsed().as_micros() as u64;
     Ok(Some(report))
 }
