@@ -251,6 +251,22 @@ pub fn split_batches(buf: &[u8]) -> Result<Vec<(usize, BatchHeader)>, BatchFault
     Ok(out)
 }
 
+/// Whether `records` holds whole batches and none of them has a record (batches the log
+/// cleaner emptied or filled in).
+pub fn only_empty_batches(records: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(Ok(size)) = peek_size(&records[pos..]) {
+        let Some(b) = records.get(pos..pos + size) else {
+            break;
+        };
+        match parse_header(b) {
+            Ok(h) if h.record_count == 0 => pos += size,
+            _ => return false,
+        }
+    }
+    pos > 0
+}
+
 /// Overwrites the baseOffset field of the batch starting at `batch` (not covered by the CRC).
 pub fn set_base_offset(batch: &mut [u8], base_offset: i64) {
     batch[..8].copy_from_slice(&base_offset.to_be_bytes());

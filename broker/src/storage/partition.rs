@@ -71,22 +71,6 @@ fn last_offset_in(records: &[u8]) -> Option<i64> {
     last
 }
 
-/// Whether `records` holds whole batches and none of them has a record (batches the cleaner
-/// emptied).
-fn only_empty_batches(records: &[u8]) -> bool {
-    let mut pos = 0;
-    while let Some(Ok(size)) = batch::peek_size(&records[pos..]) {
-        let Some(b) = records.get(pos..pos + size) else {
-            break;
-        };
-        match batch::parse_header(b) {
-            Ok(h) if h.record_count == 0 => pos += size,
-            _ => return false,
-        }
-    }
-    pos > 0
-}
-
 /// The mutable state of a partition's log, guarded by the partition's mutex.
 #[derive(Debug)]
 pub(crate) struct LogState {
@@ -214,38 +198,11 @@ impl Partition {
         &self.ctx.backend
     }
 
-    /// Rolls the active segment if it holds data whose first batch's max timestamp is more
-    /// than `segment.ms` before `now_ms` (Kafka's time-based roll), so it becomes cleanable.
-    pub(crate) fn roll_if_older_than(
-        &self,
-        segment_ms: i64,
-        now_ms: i64,
-    ) -> Result<bool, StorageError> {
-        let mut guard = self.lock();
-        let st = &mut *guard;
-        if st.deleted || st.failed.is_some() {
-            return Ok(false);
-        }
-        let Some(active) = st.segments.last() else {
-            return Ok(false);
-        };
-        if active.size() == 0 {
-            return Ok(false);
-        }
-        let first = HeaderWalker::new(active.log.as_ref(), active.size())
-            .header_at(0)
-            .map_err(|e| self.io_err(&active.log_path, e))?;
-        let Some(Ok(first)) = first else {
-            return Ok(false);
-        };
-        if now_ms.saturating_sub(first.max_timestamp) <= segment_ms {
-            return Ok(false);
-        }
-        if let Err(e) = self.roll(st) {
-            st.failed = Some(format!("segment roll failed: {e}"));
-            return Err(e);
-        }
-        Ok(true)
+    /// Seals the active segment under the caller's lock (time-based rolls); a failure takes
+    /// the partition offline, as on the append path.
+    pub(crate) fn roll_locked(&self, st: &mut LogState) -> Result<(), StorageError> {
+        self.roll(st)
+            .inspect_err(|e| st.failed = Some(format!("segment roll failed: {e}")))
     }
 
     /// The topic this partition belongs to.
@@ -750,7 +707,7 @@ impl Partition {
         end_offset: i64,
     ) -> Result<Bytes, ReadError> {
         let first = self.read_in_segment(fetch_offset, max_bytes, end_offset)?;
-        if !only_empty_batches(&first) {
+        if !batch::only_empty_batches(&first) {
             return Ok(first);
         }
         // A compacted log keeps empty batches (a producer's last batch, a segment's last
@@ -763,7 +720,7 @@ impl Partition {
                 _ => break,
             };
             out.extend_from_slice(&more);
-            if !only_empty_batches(&more) || out.len() >= max_bytes {
+            if !batch::only_empty_batches(&more) || out.len() >= max_bytes {
                 break;
             }
         }

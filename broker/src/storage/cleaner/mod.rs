@@ -31,6 +31,7 @@ use std::time::Duration;
 pub use pass::CleanReport;
 
 use super::partition::Partition;
+use super::segment::HeaderWalker;
 use super::{Inner, StorageError};
 
 /// Metric names of the cleaner (labels: topic, partition).
@@ -91,7 +92,7 @@ impl Scheduler {
         for p in partitions {
             let config = p.log_config();
             if let Some(segment_ms) = config.segment_ms {
-                if let Err(e) = p.roll_if_older_than(segment_ms, now_ms) {
+                if let Err(e) = roll_if_older_than(p, segment_ms, now_ms) {
                     tracing::warn!(topic = p.topic(), partition = p.index(), error = %e, "time-based segment roll failed");
                 }
             }
@@ -152,6 +153,29 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// Rolls the active segment of `p` if it holds data whose first batch's max timestamp is
+/// more than `segment.ms` before `now_ms` (Kafka's time-based roll), so it becomes cleanable.
+fn roll_if_older_than(p: &Partition, segment_ms: i64, now_ms: i64) -> Result<bool, StorageError> {
+    let mut guard = p.lock_state();
+    let st = &mut *guard;
+    if st.deleted || st.failed.is_some() {
+        return Ok(false);
+    }
+    let Some(active) = st.segments.last() else {
+        return Ok(false);
+    };
+    let first = match HeaderWalker::new(active.log.as_ref(), active.size()).header_at(0) {
+        Ok(Some(Ok(h))) => h,
+        Ok(_) => return Ok(false),
+        Err(e) => return Err(StorageError::io(&active.log_path, e)),
+    };
+    if now_ms.saturating_sub(first.max_timestamp) <= segment_ms {
+        return Ok(false);
+    }
+    p.roll_locked(st)?;
+    Ok(true)
 }
 
 /// Runs one cleaning pass over `p` now, with logging and metrics.
