@@ -111,7 +111,7 @@ fn i32_at(b: &[u8], at: usize) -> i32 {
 }
 
 /// A zigzag varint/varlong (at most 10 bytes) and the bytes it used.
-fn varint(b: &[u8]) -> Option<(i64, usize)> {
+pub(crate) fn varint(b: &[u8]) -> Option<(i64, usize)> {
     let mut raw: u64 = 0;
     for (i, &byte) in b.iter().take(10).enumerate() {
         raw |= u64::from(byte & 0x7f) << (7 * i);

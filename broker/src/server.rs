@@ -95,6 +95,11 @@ impl BrokerHandle {
         &self.state
     }
 
+    /// The broker's log store (tests re-apply topic configs after a restart through it).
+    pub fn store(&self) -> &crate::storage::Store {
+        &self.state.store
+    }
+
     /// The bound Prometheus endpoint, when `metrics_listen` was configured.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr

@@ -69,6 +69,10 @@ struct Args {
     /// Forget transactional ids idle for this long (default 7 days).
     #[arg(long, default_value_t = 604_800_000, value_parser = clap::value_parser!(i64).range(1..))]
     transactional_id_expiration_ms: i64,
+    /// Pause between log-cleaner ticks (compaction of `cleanup.policy=compact` topics and
+    /// `segment.ms` rolls); 0 runs no cleaner.
+    #[arg(long, default_value_t = 1000)]
+    log_cleaner_backoff_ms: u64,
     /// Test failpoint: pause this long between persisting PrepareCommit/PrepareAbort and
     /// writing the markers (crash tests).
     #[arg(long, default_value_t = 0, hide = true)]
@@ -105,6 +109,8 @@ fn main() -> std::process::ExitCode {
         )),
         ..StorageConfig::default()
     };
+    storage.cleaner_interval = (args.log_cleaner_backoff_ms > 0)
+        .then(|| std::time::Duration::from_millis(args.log_cleaner_backoff_ms));
     if let Some(bytes) = args.segment_bytes {
         storage.segment_bytes = bytes;
     }

@@ -57,6 +57,9 @@ pub trait StorageBackend: Send + Sync + fmt::Debug {
     fn write_file_atomic(&self, path: &Path, data: &[u8]) -> io::Result<()>;
     /// Makes creations and removals of entries in `dir` durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Renames `from` to `to`, atomically replacing `to` if it exists (durable once the
+    /// directory is synced). Open handles of either file keep reading what they had.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
 }
 
 /// The durable backend on the local file system.
@@ -194,6 +197,10 @@ impl StorageBackend for FileBackend {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
     }
 }
 

@@ -187,13 +187,25 @@ pub fn validate_batch(buf: &[u8]) -> Result<BatchHeader, BatchFault> {
             h.last_offset_delta
         )));
     }
+    // A batch the cleaner rewrote keeps its offset range with fewer records (possibly none).
+    if h.record_count < 0 || i64::from(h.record_count) > i64::from(h.last_offset_delta) + 1 {
+        return Err(BatchFault::Invalid(format!(
+            "record count {} does not fit lastOffsetDelta {}",
+            h.record_count, h.last_offset_delta
+        )));
+    }
+    Ok(h)
+}
+
+/// What producers must send on top of [`validate_batch`]: one record per offset.
+fn check_full_batch(h: &BatchHeader) -> Result<(), BatchFault> {
     if i64::from(h.record_count) != i64::from(h.last_offset_delta) + 1 {
         return Err(BatchFault::Invalid(format!(
             "record count {} does not match lastOffsetDelta {}",
             h.record_count, h.last_offset_delta
         )));
     }
-    Ok(h)
+    Ok(())
 }
 
 /// Splits a produce request's records into validated batches: `(position, header)` pairs.
@@ -232,10 +244,27 @@ pub fn split_batches(buf: &[u8]) -> Result<Vec<(usize, BatchHeader)>, BatchFault
             )));
         }
         let h = validate_batch(&rest[..size])?;
+        check_full_batch(&h)?;
         out.push((pos, h));
         pos += size;
     }
     Ok(out)
+}
+
+/// Whether `records` holds whole batches and none of them has a record (batches the log
+/// cleaner emptied or filled in).
+pub fn only_empty_batches(records: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(Ok(size)) = peek_size(&records[pos..]) {
+        let Some(b) = records.get(pos..pos + size) else {
+            break;
+        };
+        match parse_header(b) {
+            Ok(h) if h.record_count == 0 => pos += size,
+            _ => return false,
+        }
+    }
+    pos > 0
 }
 
 /// Overwrites the baseOffset field of the batch starting at `batch` (not covered by the CRC).

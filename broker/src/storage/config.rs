@@ -58,6 +58,9 @@ pub const DEFAULT_RETENTION_CHECK_INTERVAL: Duration = Duration::from_secs(300);
 /// Default segment size: 64 MiB.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Default pause between log-cleaner ticks.
+pub const DEFAULT_CLEANER_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Configuration of a [`Store`](super::Store).
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
@@ -81,6 +84,9 @@ pub struct StorageConfig {
     /// (`--log-retention-check-interval-ms`, Kafka's `log.retention.check.interval.ms`);
     /// `None` runs no task (callers may call `Store::enforce_retention` themselves).
     pub retention_check_interval: Option<Duration>,
+    /// How often the log cleaner looks for partitions to compact and active segments to roll
+    /// by `segment.ms`; `None` runs no cleaner (Kafka's `log.cleaner.backoff.ms`).
+    pub cleaner_interval: Option<Duration>,
 }
 
 impl Default for StorageConfig {
@@ -93,6 +99,7 @@ impl Default for StorageConfig {
             retention_ms: None,
             retention_bytes: None,
             retention_check_interval: Some(DEFAULT_RETENTION_CHECK_INTERVAL),
+            cleaner_interval: Some(DEFAULT_CLEANER_INTERVAL),
         }
     }
 }

@@ -392,6 +392,22 @@ impl StorageBackend for MemBackend {
         Ok(())
     }
 
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.faults.write()?;
+        let mut tree = self.lock();
+        Self::check_parent(&tree, to)?;
+        let f = tree.files.remove(from).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} does not exist", from.display()),
+            )
+        })?;
+        // The new name is durable once the directory is synced, like a created file.
+        f.lock().durable_entry = false;
+        tree.files.insert(to.to_path_buf(), f);
+        Ok(())
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.faults.sync()?;
         let tree = self.lock();

@@ -10,6 +10,7 @@
 mod add_partitions;
 pub mod backend;
 pub mod batch;
+pub mod cleaner;
 pub mod config;
 pub mod error;
 pub mod index;
@@ -87,6 +88,7 @@ impl Store {
         root: &Path,
     ) -> Result<Store> {
         metrics::describe();
+        cleaner::describe();
         let segment_bytes = config.segment_bytes.max(batch::HEADER_LEN as u64);
         let config = StorageConfig {
             segment_bytes,
@@ -108,6 +110,9 @@ impl Store {
         }
         if let Some(every) = inner.config.retention_check_interval {
             spawn_retention(Arc::downgrade(&inner), every)?;
+        }
+        if let Some(every) = inner.config.cleaner_interval {
+            cleaner::spawn(Arc::downgrade(&inner), every)?;
         }
         Ok(Store { inner })
     }
@@ -295,6 +300,16 @@ impl Store {
             p.set_log_config(config.clone());
         }
         Ok(())
+    }
+
+    /// Runs one log-cleaner pass over a partition now, whatever its dirty ratio and cleanup
+    /// policy (tests and benchmarks; the background cleaner schedules passes itself). `None`
+    /// if the partition has no cleanable segment.
+    pub fn clean_now(&self, topic: &str, partition: i32) -> Result<Option<cleaner::CleanReport>> {
+        let p = self
+            .partition(topic, partition)
+            .ok_or_else(|| StorageError::UnknownTopic(topic.to_string()))?;
+        cleaner::clean_partition(&p, cleaner::pass::now_ms())
     }
 
     /// All topics with their partition counts, sorted by name.

@@ -192,6 +192,23 @@ impl Partition {
         *self.log_config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
     }
 
+    /// The log state under the partition lock (the cleaner's view and swap).
+    pub(crate) fn lock_state(&self) -> MutexGuard<'_, LogState> {
+        self.lock()
+    }
+
+    /// The storage backend the partition's files live on.
+    pub(crate) fn backend(&self) -> &Arc<dyn StorageBackend> {
+        &self.ctx.backend
+    }
+
+    /// Seals the active segment under the caller's lock (time-based rolls); a failure takes
+    /// the partition offline, as on the append path.
+    pub(crate) fn roll_locked(&self, st: &mut LogState) -> Result<(), StorageError> {
+        self.roll(st)
+            .inspect_err(|e| st.failed = Some(format!("segment roll failed: {e}")))
+    }
+
     /// The topic this partition belongs to.
     pub fn topic(&self) -> &str {
         &self.topic
@@ -252,6 +269,10 @@ impl Partition {
             return Err(AppendError::InvalidRecord(
                 "clients may not write control batches".into(),
             ));
+        }
+        if self.log_config().cleanup_policy.compact {
+            super::cleaner::records::check_keyed(&records, &batches)
+                .map_err(AppendError::InvalidRecord)?;
         }
         self.append_validated(&records, &batches)
     }
@@ -704,6 +725,34 @@ impl Partition {
     /// Like [`Partition::read`], but stops before the first batch at or past `end_offset`
     /// (e.g. the last stable offset for read_committed fetches).
     pub fn read_until(
+        &self,
+        fetch_offset: i64,
+        max_bytes: usize,
+        end_offset: i64,
+    ) -> Result<Bytes, ReadError> {
+        let first = self.read_in_segment(fetch_offset, max_bytes, end_offset)?;
+        if !batch::only_empty_batches(&first) {
+            return Ok(first);
+        }
+        // A compacted log keeps empty batches (a producer's last batch, a segment's last
+        // batch). A response holding nothing else makes librdkafka grow its fetch size and,
+        // after ten such responses, report MSG_SIZE_TOO_LARGE: read on to the next records.
+        let mut out = BytesMut::from(&first[..]);
+        while let Some(next) = last_offset_in(&out).map(|o| o + 1) {
+            let more = match self.read_in_segment(next, max_bytes, end_offset) {
+                Ok(more) if !more.is_empty() => more,
+                _ => break,
+            };
+            out.extend_from_slice(&more);
+            if !batch::only_empty_batches(&more) || out.len() >= max_bytes {
+                break;
+            }
+        }
+        Ok(out.freeze())
+    }
+
+    /// [`Partition::read_until`] within the segment holding `fetch_offset`.
+    fn read_in_segment(
         &self,
         fetch_offset: i64,
         max_bytes: usize,

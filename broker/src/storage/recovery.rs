@@ -29,6 +29,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
 /// loss reported, instead of refusing with [`StorageError::Corrupt`].
 pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path, repair: bool) -> Result<LogState> {
     backend.create_dir_all(dir).map_err(io(dir))?;
+    // An interrupted cleaner swap is finished (or rolled back) before segments are read.
+    super::cleaner::swap::finish_interrupted(backend, dir).map_err(io(dir))?;
     let mut logs = BTreeSet::new();
     let mut indexes = BTreeSet::new();
     let mut snapshots = BTreeSet::new();

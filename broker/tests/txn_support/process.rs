@@ -17,6 +17,11 @@ impl BrokerChild {
     /// Starts `onceflow-broker --listen 127.0.0.1:0 --data-dir DIR` plus `extra` flags and
     /// waits for its `listening on` line.
     pub fn spawn(data_dir: &Path, extra: &[&str]) -> BrokerChild {
+        Self::spawn_env(data_dir, extra, &[])
+    }
+
+    /// [`BrokerChild::spawn`] with extra environment variables (e.g. a test failpoint).
+    pub fn spawn_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> BrokerChild {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -37,6 +42,7 @@ impl BrokerChild {
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "info,onceflow_broker::txn=debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .spawn()

@@ -1,0 +1,360 @@
+//! The records inside one stored RecordBatch v2, as the cleaner needs them: each record's key,
+//! whether it has a value, its offset, and its raw bytes; and the rewrite of a batch with only
+//! the records kept (Kafka's `MemoryRecords.filterTo`): same baseOffset and lastOffsetDelta,
+//! same producer fields, fewer records, the same compression codec, a new CRC, and optionally
+//! a delete horizon (KIP-534: attributes bit 6, the horizon stored as the base timestamp and
+//! every record's timestamp delta rebased on it, so record timestamps do not change).
+//!
+//! Everything here reads bytes from a segment file: malformed input is an error, never a
+//! panic, and the walk is bounded by the bytes present, not by the counts the batch claims.
+
+use bytes::{BufMut, BytesMut};
+use kafka_protocol::compression::{Compressor, Gzip, Lz4, Snappy, Zstd};
+
+use crate::decompress::{cap_for, decompress_capped};
+use crate::record_timestamps::varint;
+use crate::storage::batch::{BatchHeader, ATTR_COMPRESSION_MASK, HEADER_LEN, LOG_OVERHEAD};
+use crate::storage::log_config::DEFAULT_MAX_MESSAGE_BYTES;
+
+/// Attribute bit: the batch carries a delete horizon in its base timestamp (KIP-534).
+pub const ATTR_DELETE_HORIZON: i16 = 0x40;
+const BASE_TIMESTAMP_AT: usize = 27;
+const ATTRIBUTES_AT: usize = 21;
+const RECORD_COUNT_AT: usize = 57;
+const CRC_AT: usize = 17;
+
+/// Why a stored batch could not be taken apart or put back together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("batch at offset {base_offset}: {reason}")]
+pub struct RecordsError {
+    /// Base offset of the batch.
+    pub base_offset: i64,
+    /// What was wrong.
+    pub reason: String,
+}
+
+/// One record of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawRecord {
+    /// Absolute offset (base offset + offset delta).
+    pub offset: i64,
+    /// Record attributes byte (unused by Kafka, kept as stored).
+    attributes: u8,
+    /// Timestamp delta from the batch's base timestamp.
+    timestamp_delta: i64,
+    /// Key bytes, `None` for a null key.
+    pub key: Option<Vec<u8>>,
+    /// Whether the value is non-null (a null value is a tombstone).
+    pub has_value: bool,
+    /// The record after its timestamp delta (offset delta, key, value, headers), as stored.
+    rest: Vec<u8>,
+}
+
+/// The delete horizon of a batch (KIP-534), if it has one.
+pub fn delete_horizon(h: &BatchHeader) -> Option<i64> {
+    (h.attributes & ATTR_DELETE_HORIZON != 0).then_some(h.base_timestamp)
+}
+
+/// Decodes every record of `batch` (one whole stored batch described by `h`), decompressing
+/// if needed, up to 64 x the larger of the batch and Kafka's default `max.message.bytes`
+/// ([`cap_for`]): a batch that inflates further is an error for this pass, not an allocation.
+pub fn parse_records(batch: &[u8], h: &BatchHeader) -> Result<Vec<RawRecord>, RecordsError> {
+    let err = |reason: String| RecordsError {
+        base_offset: h.base_offset,
+        reason,
+    };
+    let region = batch
+        .get(HEADER_LEN..h.size)
+        .ok_or_else(|| err(format!("{} bytes hold no whole batch", batch.len())))?;
+    let decompressed;
+    let mut rest: &[u8] = match h.attributes & ATTR_COMPRESSION_MASK {
+        0 => region,
+        codec => {
+            let limit = i32::try_from(batch.len())
+                .unwrap_or(i32::MAX)
+                .max(DEFAULT_MAX_MESSAGE_BYTES);
+            decompressed =
+                decompress_capped(codec, region, cap_for(limit)).map_err(|e| err(e.to_string()))?;
+            &decompressed
+        }
+    };
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        let index = out.len();
+        let bad = |what: &str| err(format!("record {index}: {what}"));
+        let (len, used) = varint(rest).ok_or_else(|| bad("bad length"))?;
+        let len = usize::try_from(len).map_err(|_| bad("negative length"))?;
+        let body = rest
+            .get(used..used.saturating_add(len))
+            .ok_or_else(|| bad("length past the batch end"))?;
+        rest = &rest[used + len..];
+        let (&attributes, fields) = body.split_first().ok_or_else(|| bad("empty record"))?;
+        let (timestamp_delta, used) = varint(fields).ok_or_else(|| bad("bad timestamp"))?;
+        let after_ts = &fields[used..];
+        let (offset_delta, used) = varint(after_ts).ok_or_else(|| bad("bad offset delta"))?;
+        let mut at = used;
+        let key = read_bytes(after_ts, &mut at).ok_or_else(|| bad("bad key"))?;
+        let value_len = varint(&after_ts[at..]).ok_or_else(|| bad("bad value length"))?;
+        out.push(RawRecord {
+            offset: h.base_offset.saturating_add(offset_delta),
+            attributes,
+            timestamp_delta,
+            key: key.map(<[u8]>::to_vec),
+            has_value: value_len.0 >= 0,
+            rest: after_ts.to_vec(),
+        });
+    }
+    Ok(out)
+}
+
+/// Kafka's rule for compacted topics: every record of the producer's batches
+/// (`(position, header)` within `records`) has a key; the error says which does not.
+pub fn check_keyed(records: &[u8], batches: &[(usize, BatchHeader)]) -> Result<(), String> {
+    for (pos, h) in batches {
+        let batch = records.get(*pos..*pos + h.size).unwrap_or_default();
+        let recs = parse_records(batch, h).map_err(|e| e.to_string())?;
+        if let Some(r) = recs.iter().find(|r| r.key.is_none()) {
+            return Err(format!(
+                "compacted topic cannot accept a record without a key (record {} of the batch)",
+                r.offset - h.base_offset
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn read_bytes<'a>(b: &'a [u8], at: &mut usize) -> Option<Option<&'a [u8]>> {
+    let (len, used) = varint(b.get(*at..)?)?;
+    *at += used;
+    if len < 0 {
+        return Some(None);
+    }
+    let len = usize::try_from(len).ok()?;
+    let bytes = b.get(*at..at.checked_add(len)?)?;
+    *at += len;
+    Some(Some(bytes))
+}
+
+fn put_varint(out: &mut BytesMut, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        out.put_u8((z as u8 & 0x7f) | 0x80);
+        z >>= 7;
+    }
+    out.put_u8(z as u8);
+}
+
+/// Rewrites `batch` (described by `h`) with only `kept` (records of this batch, in order) and,
+/// with `horizon`, a delete horizon. Offsets, producer fields and the max timestamp stay; an
+/// empty result keeps the header (Kafka's retained empty batch) without compression.
+pub fn rewrite(
+    batch: &[u8],
+    h: &BatchHeader,
+    kept: &[RawRecord],
+    horizon: Option<i64>,
+) -> Result<BytesMut, RecordsError> {
+    let err = |reason: String| RecordsError {
+        base_offset: h.base_offset,
+        reason,
+    };
+    let header = batch
+        .get(..HEADER_LEN)
+        .ok_or_else(|| err("short header".into()))?;
+    let (base_ts, shift) = match horizon {
+        Some(t) if delete_horizon(h).is_none() => (t, h.base_timestamp.saturating_sub(t)),
+        _ => (h.base_timestamp, 0),
+    };
+    let mut raw = BytesMut::new();
+    for r in kept {
+        let mut rec = BytesMut::with_capacity(r.rest.len() + 11);
+        rec.put_u8(r.attributes);
+        put_varint(&mut rec, r.timestamp_delta.saturating_add(shift));
+        rec.put_slice(&r.rest);
+        put_varint(&mut raw, rec.len() as i64);
+        raw.put_slice(&rec);
+    }
+    let mut attributes = h.attributes;
+    if horizon.is_some() {
+        attributes |= ATTR_DELETE_HORIZON;
+    }
+    let codec = attributes & ATTR_COMPRESSION_MASK;
+    let body = if kept.is_empty() {
+        attributes &= !ATTR_COMPRESSION_MASK;
+        BytesMut::new()
+    } else if codec == 0 {
+        raw
+    } else {
+        compress(codec, &raw).map_err(err)?
+    };
+    let mut out = BytesMut::with_capacity(HEADER_LEN + body.len());
+    out.put_slice(header);
+    out.put_slice(&body);
+    let len = i32::try_from(out.len() - LOG_OVERHEAD).map_err(|_| err("batch too large".into()))?;
+    out[8..12].copy_from_slice(&len.to_be_bytes());
+    out[ATTRIBUTES_AT..ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
+    out[BASE_TIMESTAMP_AT..BASE_TIMESTAMP_AT + 8].copy_from_slice(&base_ts.to_be_bytes());
+    out[RECORD_COUNT_AT..RECORD_COUNT_AT + 4].copy_from_slice(&(kept.len() as i32).to_be_bytes());
+    let crc = crc32c::crc32c(&out[ATTRIBUTES_AT..]);
+    out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+    Ok(out)
+}
+
+/// An empty batch covering offsets `base..=last` (no producer, no records, no timestamps):
+/// it takes the place of batches the cleaner removed, so offsets in a segment stay
+/// contiguous (clients skip it, as they skip Kafka's retained empty batches). Ranges wider
+/// than `i32::MAX` offsets take several.
+pub fn filler(base: i64, last: i64) -> BytesMut {
+    let mut out = BytesMut::new();
+    let mut from = base;
+    while from <= last {
+        let delta = (last - from).min(i64::from(i32::MAX)) as i32;
+        let at = out.len();
+        out.put_i64(from);
+        out.put_i32((HEADER_LEN - LOG_OVERHEAD) as i32);
+        out.put_i32(0); // partition leader epoch
+        out.put_i8(2);
+        out.put_u32(0); // CRC, below
+        out.put_i16(0);
+        out.put_i32(delta);
+        out.put_i64(-1);
+        out.put_i64(-1);
+        out.put_i64(-1);
+        out.put_i16(-1);
+        out.put_i32(-1);
+        out.put_i32(0);
+        let crc = crc32c::crc32c(&out[at + ATTRIBUTES_AT..]);
+        out[at + CRC_AT..at + CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+        from += i64::from(delta) + 1;
+    }
+    out
+}
+
+fn compress(codec: i16, raw: &[u8]) -> Result<BytesMut, String> {
+    let mut out = BytesMut::new();
+    let put = |b: &mut BytesMut| {
+        b.put_slice(raw);
+        Ok(())
+    };
+    let res = match codec {
+        1 => <Gzip as Compressor<BytesMut>>::compress(&mut out, put),
+        2 => <Snappy as Compressor<BytesMut>>::compress(&mut out, put),
+        3 => <Lz4 as Compressor<BytesMut>>::compress(&mut out, put),
+        4 => <Zstd as Compressor<BytesMut>>::compress(&mut out, put),
+        other => return Err(format!("unknown compression codec {other}")),
+    };
+    res.map_err(|e| format!("compression failed: {e:#}"))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::batch::validate_batch;
+    use bytes::Bytes;
+    use kafka_protocol::records::{
+        Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions,
+        TimestampType,
+    };
+
+    fn batch(compression: Compression, keys: &[&str]) -> BytesMut {
+        let records: Vec<Record> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: 9,
+                producer_epoch: 1,
+                timestamp_type: TimestampType::Creation,
+                offset: 50 + i as i64,
+                sequence: i as i32,
+                timestamp: 1_000 + i as i64,
+                key: Some(Bytes::from(k.to_string())),
+                value: (i != 1).then(|| Bytes::from(format!("v{i}"))),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut buf = BytesMut::new();
+        let options = RecordEncodeOptions {
+            version: 2,
+            compression,
+        };
+        RecordBatchEncoder::encode(&mut buf, &records, &options).unwrap();
+        buf
+    }
+
+    #[test]
+    fn rewrite_keeps_offsets_timestamps_and_codec_in_every_codec() {
+        for c in [
+            Compression::None,
+            Compression::Gzip,
+            Compression::Snappy,
+            Compression::Lz4,
+            Compression::Zstd,
+        ] {
+            let b = batch(c, &["a", "b", "c", "d"]);
+            let h = validate_batch(&b).unwrap();
+            let recs = parse_records(&b, &h).unwrap();
+            assert_eq!(recs.len(), 4);
+            assert!(!recs[1].has_value, "{c:?}");
+            let kept = [recs[1].clone(), recs[3].clone()];
+            let out = rewrite(&b, &h, &kept, Some(5_000)).unwrap();
+            let nh = validate_batch(&out).expect("new CRC and lengths");
+            assert_eq!(
+                (nh.base_offset, nh.last_offset()),
+                (h.base_offset, h.last_offset())
+            );
+            assert_eq!(nh.record_count, 2);
+            assert_eq!(nh.attributes & ATTR_COMPRESSION_MASK, h.attributes & 7);
+            assert_eq!(delete_horizon(&nh), Some(5_000));
+            let set = RecordBatchDecoder::decode(&mut out.freeze()).unwrap();
+            let got: Vec<(i64, i64, bool)> = set
+                .records
+                .iter()
+                .map(|r| (r.offset, r.timestamp, r.value.is_some()))
+                .collect();
+            assert_eq!(got, vec![(51, 1_001, false), (53, 1_003, true)], "{c:?}");
+        }
+    }
+
+    #[test]
+    fn empty_rewrite_keeps_the_offset_range_uncompressed() {
+        let b = batch(Compression::Lz4, &["a", "b"]);
+        let h = validate_batch(&b).unwrap();
+        let out = rewrite(&b, &h, &[], None).unwrap();
+        let nh = validate_batch(&out).unwrap();
+        assert_eq!((nh.record_count, nh.last_offset()), (0, h.last_offset()));
+        assert_eq!(nh.attributes & ATTR_COMPRESSION_MASK, 0);
+        assert_eq!((nh.producer_id, nh.base_sequence), (9, h.base_sequence));
+    }
+
+    #[test]
+    fn fillers_are_valid_empty_batches_covering_their_range() {
+        let f = filler(10, 20);
+        let h = validate_batch(&f).unwrap();
+        assert_eq!(
+            (h.base_offset, h.last_offset(), h.record_count),
+            (10, 20, 0)
+        );
+        assert!(!h.has_producer_id());
+        let wide = filler(0, i64::from(i32::MAX) + 5);
+        let first = validate_batch(&wide[..HEADER_LEN]).unwrap();
+        let second = validate_batch(&wide[HEADER_LEN..]).unwrap();
+        assert_eq!(second.base_offset, first.last_offset() + 1);
+        assert_eq!(second.last_offset(), i64::from(i32::MAX) + 5);
+    }
+
+    #[test]
+    fn damaged_records_are_an_error() {
+        let b = batch(Compression::None, &["a", "b"]);
+        let h = validate_batch(&b).unwrap();
+        let mut bad = b.clone();
+        for byte in &mut bad[HEADER_LEN..] {
+            *byte = 0xff;
+        }
+        assert!(parse_records(&bad, &h).is_err());
+        assert!(parse_records(&b[..HEADER_LEN + 2], &h).is_err());
+    }
+}
