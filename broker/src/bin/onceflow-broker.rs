@@ -143,6 +143,9 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(config: BrokerConfig) -> std::process::ExitCode {
+    // Listen for SIGTERM / ctrl-c before anything else: a supervisor that stops the broker
+    // right after `listening on` must get the graceful shutdown, not the default action.
+    let stop = StopSignals::install();
     let broker = match onceflow_broker::start(config).await {
         Ok(broker) => broker,
         Err(e) => {
@@ -155,30 +158,61 @@ async fn run(config: BrokerConfig) -> std::process::ExitCode {
         let _ = writeln!(stdout, "listening on {}", broker.local_addr());
         let _ = stdout.flush();
     }
-    wait_for_signal().await;
+    stop.wait().await;
     tracing::info!("shutting down");
     broker.shutdown().await;
     std::process::ExitCode::SUCCESS
 }
 
+/// SIGTERM and SIGINT (ctrl-c), registered when created: a signal that arrives later, even
+/// before anyone waits, is kept for [`StopSignals::wait`].
 #[cfg(unix)]
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+struct StopSignals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+#[cfg(unix)]
+impl StopSignals {
+    fn install() -> StopSignals {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind: SignalKind, name: &str| {
+            signal(kind)
+                .map_err(|e| tracing::warn!(error = %e, "cannot listen for {name}"))
+                .ok()
+        };
+        StopSignals {
+            term: listen(SignalKind::terminate(), "SIGTERM"),
+            int: listen(SignalKind::interrupt(), "SIGINT"),
+        }
+    }
+
+    async fn wait(mut self) {
+        async fn recv(s: Option<&mut tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
             }
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; waiting for ctrl-c only");
-            let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            _ = recv(self.term.as_mut()) => {}
+            _ = recv(self.int.as_mut()) => {}
         }
     }
 }
 
 #[cfg(not(unix))]
-async fn wait_for_signal() {
-    let _ = tokio::signal::ctrl_c().await;
+struct StopSignals;
+
+#[cfg(not(unix))]
+impl StopSignals {
+    fn install() -> StopSignals {
+        StopSignals
+    }
+
+    async fn wait(self) {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
