@@ -420,3 +420,61 @@ fn a_compacted_topic_refuses_records_without_a_key() {
     let (_, high) = c.fetch_watermarks(TOPIC, 0, T).expect("watermarks");
     assert_eq!(high, 1, "the keyless record was refused");
 }
+
+/// Counts delivery failures by error code (librdkafka's number).
+#[derive(Clone, Default)]
+struct FailureCounts(Arc<Mutex<BTreeMap<i32, usize>>>);
+
+impl ClientContext for FailureCounts {}
+
+impl ProducerContext for FailureCounts {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((KafkaError::MessageProduction(code), _)) = result {
+            *self.0.lock().unwrap().entry(*code as i32).or_default() += 1;
+        }
+    }
+}
+
+/// KIP-467: a batch refused for some of its records names them (Produce `record_errors`), so
+/// the client fails exactly those with INVALID_RECORD and the rest of the batch with
+/// INVALID_DIFFERENT_RECORD (they may be retried), as librdkafka's test 0011 expects.
+#[test]
+fn a_refused_batch_names_its_keyless_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = BrokerChild::spawn(&dir.path().join("data"), &[]);
+    create_topic(&broker.bootstrap);
+    let counts = FailureCounts::default();
+    let p: BaseProducer<FailureCounts> = ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .set("message.timeout.ms", "60000")
+        .set("linger.ms", "30000")
+        .set("batch.num.messages", "10")
+        .create_with_context(counts.clone())
+        .expect("producer");
+    // ten records in one batch (batch.num.messages), records 3 and 7 without a key
+    for i in 0..10 {
+        let value = format!("v{i}");
+        let key = format!("k{i}");
+        let mut rec = BaseRecord::<str, str>::to(TOPIC)
+            .partition(0)
+            .payload(&value);
+        if i != 3 && i != 7 {
+            rec = rec.key(&key);
+        }
+        p.send(rec).map_err(|(e, _)| e).expect("enqueue");
+    }
+    p.flush(T).expect("flush");
+    let counts = counts.0.lock().unwrap().clone();
+    assert_eq!(
+        counts.get(&(RDKafkaErrorCode::InvalidRecord as i32)),
+        Some(&2),
+        "{counts:?}"
+    );
+    assert_eq!(
+        counts.get(&(RDKafkaErrorCode::InvalidDifferentRecord as i32)),
+        Some(&8),
+        "{counts:?}"
+    );
+}

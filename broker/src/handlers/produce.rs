@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::produce_response::{
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
+};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
@@ -104,6 +106,8 @@ pub async fn handle(
         .collect();
     for (job, outcome) in jobs.into_iter().zip(outcomes) {
         let topic = names[job.topic].0.as_str();
+        // the records of a refused batch that caused it (Produce v8+ `record_errors`)
+        let mut record_errors = Vec::new();
         let result = match (job.target, outcome) {
             (Err((error, message)), _) => Err((error, message)),
             (Ok(_), None) => Err((
@@ -126,6 +130,20 @@ pub async fn handle(
             }
             // refusals of the transaction layer
             (Ok(_), Some(Err(TxnProduceError::Append(e)))) => {
+                if let AppendError::RecordErrors { indexes, reason } = &e {
+                    if ctx.version >= 8 {
+                        record_errors = indexes
+                            .iter()
+                            .map(|i| {
+                                BatchIndexAndErrorMessage::default()
+                                    .with_batch_index(*i)
+                                    .with_batch_index_error_message(Some(StrBytes::from_string(
+                                        reason.clone(),
+                                    )))
+                            })
+                            .collect();
+                    }
+                }
                 Err(map_append_error(ctx.version, &e))
             }
             (Ok(_), Some(Err(TxnProduceError::Refused(code)))) => Err((
@@ -156,6 +174,7 @@ pub async fn handle(
                     .with_base_offset(-1)
                     .with_log_append_time_ms(-1)
                     .with_log_start_offset(-1)
+                    .with_record_errors(record_errors)
                     .with_error_message(Some(StrBytes::from_string(message)))
             }
         };
@@ -261,8 +280,12 @@ pub fn map_append_error(version: i16, error: &AppendError) -> (ResponseError, St
     let code = match error {
         AppendError::CorruptMessage(_) => ResponseError::CorruptMessage,
         // INVALID_RECORD exists from Produce v8 on; older clients know CORRUPT_MESSAGE.
-        AppendError::InvalidRecord(_) if version >= 8 => ResponseError::InvalidRecord,
-        AppendError::InvalidRecord(_) => ResponseError::CorruptMessage,
+        AppendError::InvalidRecord(_) | AppendError::RecordErrors { .. } if version >= 8 => {
+            ResponseError::InvalidRecord
+        }
+        AppendError::InvalidRecord(_) | AppendError::RecordErrors { .. } => {
+            ResponseError::CorruptMessage
+        }
         AppendError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
         AppendError::InvalidProducerEpoch { .. } => ResponseError::InvalidProducerEpoch,
         AppendError::Storage(_) => ResponseError::KafkaStorageError,

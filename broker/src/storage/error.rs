@@ -60,6 +60,17 @@ pub enum AppendError {
     /// UNSUPPORTED_FOR_MESSAGE_FORMAT (43).
     #[error("invalid record batch: {0}")]
     InvalidRecord(String),
+    /// A well-formed batch refused for some of its records (keyless records on a compacted
+    /// topic) -> INVALID_RECORD with the records' indexes in the batch (Produce v8+
+    /// `record_errors`, KIP-467: the client fails those records with INVALID_RECORD and the
+    /// others of the batch as refused with them).
+    #[error("invalid records in batch: {reason}")]
+    RecordErrors {
+        /// What is wrong with the listed records.
+        reason: String,
+        /// Indexes of the offending records within their batch.
+        indexes: Vec<i32>,
+    },
     /// The batch's first sequence is not the next one expected for its producer (a gap or an
     /// unknown producer state) -> OUT_OF_ORDER_SEQUENCE_NUMBER (45).
     #[error("out of order sequence: expected {expected}, got {got}")]

@@ -271,8 +271,7 @@ impl Partition {
             ));
         }
         if self.log_config().cleanup_policy.compact {
-            super::cleaner::records::check_keyed(&records, &batches)
-                .map_err(AppendError::InvalidRecord)?;
+            super::cleaner::records::check_keyed(&records, &batches)?;
         }
         self.append_validated(&records, &batches)
     }

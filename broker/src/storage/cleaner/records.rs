@@ -109,15 +109,30 @@ pub fn parse_records(batch: &[u8], h: &BatchHeader) -> Result<Vec<RawRecord>, Re
 
 /// Kafka's rule for compacted topics: every record of the producer's batches
 /// (`(position, header)` within `records`) has a key; the error says which does not.
-pub fn check_keyed(records: &[u8], batches: &[(usize, BatchHeader)]) -> Result<(), String> {
+pub fn check_keyed(
+    records: &[u8],
+    batches: &[(usize, BatchHeader)],
+) -> Result<(), crate::storage::AppendError> {
+    use crate::storage::AppendError;
     for (pos, h) in batches {
         let batch = records.get(*pos..*pos + h.size).unwrap_or_default();
-        let recs = parse_records(batch, h).map_err(|e| e.to_string())?;
-        if let Some(r) = recs.iter().find(|r| r.key.is_none()) {
-            return Err(format!(
-                "compacted topic cannot accept a record without a key (record {} of the batch)",
-                r.offset - h.base_offset
-            ));
+        let recs =
+            parse_records(batch, h).map_err(|e| AppendError::InvalidRecord(e.to_string()))?;
+        let indexes: Vec<i32> = recs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.key.is_none())
+            .map(|(i, _)| i32::try_from(i).unwrap_or(i32::MAX))
+            .collect();
+        if !indexes.is_empty() {
+            return Err(AppendError::RecordErrors {
+                reason: format!(
+                    "compacted topic cannot accept a record without a key ({} of {} records)",
+                    indexes.len(),
+                    recs.len()
+                ),
+                indexes,
+            });
         }
     }
     Ok(())
