@@ -22,6 +22,9 @@ fn open(backend: &MemBackend, repair: bool) -> Option<Store> {
         segment_bytes: 4096,
         fsync: FsyncPolicy::EveryBatch,
         repair_corrupt_logs: repair,
+        // no retention or cleaner threads: one store per input would leave thousands asleep
+        retention_check_interval: None,
+        cleaner_interval: None,
         ..StorageConfig::default()
     };
     Store::open_with_backend(config, Arc::new(backend.clone()), Path::new(ROOT)).ok()
