@@ -7,46 +7,25 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{run_bounded, workspace_root, BrokerProcess, Storage};
-
-fn python() -> Option<PathBuf> {
-    let candidate = match std::env::var_os("ONCEFLOW_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => workspace_root().join(".venv/bin/python"),
-    };
-    if !candidate.is_file() {
-        return None;
-    }
-    let has_kafka = Command::new(&candidate)
-        .args(["-c", "from kafka.admin import AbortTransactionSpec"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    has_kafka.then_some(candidate)
-}
+use common::{kafka_python_with, run_python_script, BrokerProcess, Storage};
 
 #[test]
 fn kafka_python_grows_a_topic_and_aborts_a_hanging_transaction() -> Result<()> {
-    let Some(py) = python() else {
+    let Some(py) = kafka_python_with("from kafka.admin import AbortTransactionSpec") else {
         eprintln!("SKIPPED kafka_python_grows_a_topic_and_aborts_a_hanging_transaction: no python with kafka-python >= 3 (set ONCEFLOW_PYTHON or run scripts/ci-setup.sh)");
         return Ok(());
     };
     let broker = BrokerProcess::spawn(Storage::InMemory, &["--no-auto-create-topics"])?;
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/kafka_python_partitions.py");
-    let mut cmd = Command::new(&py);
-    cmd.arg(script).arg(broker.bootstrap()).arg("py-grow");
-    let (status, stdout, stderr) = run_bounded(&mut cmd, None, Duration::from_secs(90))?;
-    ensure!(
-        status.success(),
-        "kafka-python failed ({status}); stdout:\n{stdout}\nstderr:\n{stderr}\nbroker log:\n{}",
-        broker.log_tail(3000)
-    );
+    let stdout = run_python_script(
+        &py,
+        "kafka_python_partitions.py",
+        &broker,
+        &["py-grow"],
+        Duration::from_secs(90),
+    )?;
     ensure!(
         stdout.contains("\"partitions\": 3")
             && stdout.contains("\"state_after\": \"CompleteAbort\"")

@@ -7,50 +7,27 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use common::{
-    produce_acked, read_all, run_bounded, workspace_root, BrokerProcess, Storage, TestRecord,
+    kafka_python, produce_acked, read_all, run_python_script, BrokerProcess, Storage, TestRecord,
 };
 
-fn python() -> Option<PathBuf> {
-    let candidate = match std::env::var_os("ONCEFLOW_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => workspace_root().join(".venv/bin/python"),
-    };
-    if !candidate.is_file() {
-        return None;
-    }
-    let has_kafka = Command::new(&candidate)
-        .args(["-c", "import kafka"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    has_kafka.then_some(candidate)
-}
-
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/kafka_python_roundtrip.py")
-}
-
-fn run_script(py: &PathBuf, broker: &BrokerProcess, args: &[&str]) -> Result<String> {
-    let mut cmd = Command::new(py);
-    cmd.arg(script()).arg(broker.bootstrap()).args(args);
-    let (status, stdout, stderr) = run_bounded(&mut cmd, None, Duration::from_secs(55))?;
-    ensure!(
-        status.success(),
-        "kafka-python {args:?} failed ({status}); stdout:\n{stdout}\nstderr:\n{stderr}\nbroker log:\n{}",
-        broker.log_tail(3000)
-    );
-    Ok(stdout)
+fn run_script(py: &Path, broker: &BrokerProcess, args: &[&str]) -> Result<String> {
+    run_python_script(
+        py,
+        "kafka_python_roundtrip.py",
+        broker,
+        args,
+        Duration::from_secs(55),
+    )
 }
 
 #[test]
 fn kafka_python_produces_and_consumes() -> Result<()> {
-    let Some(py) = python() else {
+    let Some(py) = kafka_python() else {
         eprintln!("SKIPPED kafka_python_produces_and_consumes: no python with kafka-python (set ONCEFLOW_PYTHON or run scripts/ci-setup.sh)");
         return Ok(());
     };
@@ -85,7 +62,7 @@ fn kafka_python_produces_and_consumes() -> Result<()> {
 
 #[test]
 fn kafka_python_reads_what_rdkafka_wrote() -> Result<()> {
-    let Some(py) = python() else {
+    let Some(py) = kafka_python() else {
         eprintln!("SKIPPED kafka_python_reads_what_rdkafka_wrote: no python with kafka-python (set ONCEFLOW_PYTHON or run scripts/ci-setup.sh)");
         return Ok(());
     };
@@ -99,7 +76,7 @@ fn kafka_python_reads_what_rdkafka_wrote() -> Result<()> {
 
 #[test]
 fn kafka_python_admin_client() -> Result<()> {
-    let Some(py) = python() else {
+    let Some(py) = kafka_python() else {
         eprintln!("SKIPPED kafka_python_admin_client: no python with kafka-python (set ONCEFLOW_PYTHON or run scripts/ci-setup.sh)");
         return Ok(());
     };
@@ -113,7 +90,7 @@ fn kafka_python_admin_client() -> Result<()> {
 /// looking inside batches (librdkafka's own test 0054_offset_time checks this too).
 #[test]
 fn kafka_python_offsets_for_times_is_record_exact() -> Result<()> {
-    let Some(py) = python() else {
+    let Some(py) = kafka_python() else {
         eprintln!("SKIPPED kafka_python_offsets_for_times_is_record_exact: no python with kafka-python (set ONCEFLOW_PYTHON or run scripts/ci-setup.sh)");
         return Ok(());
     };

@@ -6,25 +6,20 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{kafka_python, run_bounded, BrokerProcess, Storage};
+use common::{kafka_python, run_python_script, BrokerProcess, Storage};
 
 fn run_script(py: &Path, broker: &BrokerProcess, topic: &str, mode: &str) -> Result<String> {
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/kafka_python_configs.py");
-    let mut cmd = Command::new(py);
-    cmd.arg(script).arg(broker.bootstrap()).args([topic, mode]);
-    let (status, stdout, stderr) = run_bounded(&mut cmd, None, Duration::from_secs(55))?;
-    ensure!(
-        status.success(),
-        "kafka-python {mode} failed ({status}); stdout:\n{stdout}\nstderr:\n{stderr}\nbroker log:\n{}",
-        broker.log_tail(3000)
-    );
-    Ok(stdout)
+    run_python_script(
+        py,
+        "kafka_python_configs.py",
+        broker,
+        &[topic, mode],
+        Duration::from_secs(55),
+    )
 }
 
 #[test]
