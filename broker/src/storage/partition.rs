@@ -1,6 +1,6 @@
 //! One partition's log: append with offset assignment and idempotent-producer checks, segment
 //! rolls, fsync policy and producer-state snapshots. Reads, watermarks and the timestamp
-//! lookup are in [`read`]; moving the log start (retention, DeleteRecords) in `retention`.
+//! lookup are in `read`; moving the log start (retention, DeleteRecords) in `retention`.
 
 use std::io;
 use std::path::{Path, PathBuf};
