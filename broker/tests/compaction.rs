@@ -327,8 +327,8 @@ fn crash_at(point: &str, ext: &str) {
     assert!(has_file(&data, ext), "no .{ext} file at the failpoint");
     broker.kill9();
 
-    // Restart in process on the same data dir; topic configs are not persisted yet, so they
-    // are applied again, as CreateTopics did.
+    // Restart in process on the same data dir: the topic's configs (cleanup.policy=compact and
+    // the cleaner settings of CreateTopics) come back from `topics.configs`.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -351,7 +351,11 @@ fn crash_at(point: &str, ext: &str) {
     for (k, v) in topic_configs() {
         assert!(lc.apply(k, v), "{k}");
     }
-    store.set_topic_log_config(TOPIC, lc).expect("config");
+    let restored = store
+        .partition(TOPIC, 0)
+        .expect("partition after restart")
+        .log_config();
+    assert_eq!(*restored, lc, "the topic's configs survive the restart");
     // Polled condition: a pass over the whole log with nothing left to remove (bounded only
     // against a hang; each wait is for a delete horizon the pass reported).
     let deadline = Instant::now() + Duration::from_secs(120);
