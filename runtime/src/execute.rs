@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::checkpoint::coordinator::Coordinator;
+use crate::checkpoint::coordinator::{Coordinator, ALL_SUBTASKS_GONE};
 use crate::checkpoint::{load_for_restore, CheckpointStorage, LoadedCheckpoint, LocalDirStorage};
 use crate::connector::SubtaskInfo;
 use crate::element::CheckpointId;
@@ -264,7 +264,16 @@ impl StreamEnvironment {
                 r = &mut coord, if coord_done.is_none() => {
                     match r {
                         Ok(Ok(stats)) => coord_done = Some(stats),
-                        Ok(Err(e)) => return fail(e, &mut tasks, &coord),
+                        Ok(Err(e)) => {
+                            // the coordinator only saw the subtasks go: their error is the cause
+                            let cause = match &e {
+                                Error::Internal(m) if m == ALL_SUBTASKS_GONE => {
+                                    subtask_failure(&mut tasks).await.unwrap_or(e)
+                                }
+                                _ => e,
+                            };
+                            return fail(cause, &mut tasks, &coord);
+                        }
                         Err(e) => return fail(Error::Internal(format!("coordinator panicked: {e}")), &mut tasks, &coord),
                     }
                 }
@@ -304,4 +313,29 @@ impl StreamEnvironment {
             last_checkpoint: stats.last,
         })
     }
+}
+
+/// The first error a subtask failed with (a panic included), skipping subtasks that ended
+/// well and closed channels (echoes of another failure); waits at most half a second, since
+/// the subtasks are ending when this is asked.
+async fn subtask_failure<N: std::fmt::Display + Send + 'static>(
+    tasks: &mut JoinSet<std::result::Result<(), (N, Error)>>,
+) -> Option<Error> {
+    let first = async {
+        while let Some(t) = tasks.join_next().await {
+            match t {
+                Ok(Err((name, e))) if !matches!(e, Error::ChannelClosed(_)) => {
+                    tracing::error!(subtask = %name, error = %e, "subtask failed; the job fails");
+                    return Some(e);
+                }
+                Err(e) => return Some(Error::Internal(format!("a subtask panicked: {e}"))),
+                _ => {}
+            }
+        }
+        None
+    };
+    tokio::time::timeout(std::time::Duration::from_millis(500), first)
+        .await
+        .ok()
+        .flatten()
 }

@@ -13,6 +13,10 @@ use tokio::sync::{mpsc, watch};
 
 use crate::checkpoint::metadata::{CheckpointMetadata, NodeMetadata, StateFileMetadata};
 use crate::checkpoint::storage::CheckpointStorage;
+
+/// The coordinator's error when every subtask is gone: they failed, and one of their errors
+/// is the cause to report (`execute` looks for it).
+pub(crate) const ALL_SUBTASKS_GONE: &str = "every subtask dropped its coordinator channel";
 use crate::config::{CheckpointEvent, JobConfig};
 use crate::element::{Barrier, CheckpointId};
 use crate::metrics as m;
@@ -225,7 +229,7 @@ impl Coordinator {
                 }
                 msg = self.ack_rx.recv() => {
                     let Some(msg) = msg else {
-                        return Err(Error::Internal("every subtask dropped its coordinator channel".into()));
+                        return Err(Error::Internal(ALL_SUBTASKS_GONE.into()));
                     };
                     match msg {
                         CoordinatorMsg::SourceExhausted => {
