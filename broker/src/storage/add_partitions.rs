@@ -8,10 +8,7 @@
 //! trusted registry does not name; the next open removes them. A crash after (3) finds the
 //! directories the registry names.
 
-use std::sync::Arc;
-
 use super::error::{Result, StorageError};
-use super::partition::{Partition, PartitionContext};
 use super::{Store, MAX_PARTITIONS};
 
 impl Store {
@@ -36,24 +33,7 @@ impl Store {
             .first()
             .map_or_else(|| inner.context().log_config, |p| (*p.log_config()).clone());
         let added = (|| {
-            let mut parts = Vec::with_capacity((new_count - old_count) as usize);
-            for i in old_count..new_count {
-                let dir = inner.partition_dir(topic, i);
-                // A directory left by an interrupted grow or delete must not leak old data.
-                inner
-                    .backend
-                    .remove_dir_all(&dir)
-                    .map_err(|e| StorageError::io(&dir, e))?;
-                let ctx = PartitionContext {
-                    log_config: log_config.clone(),
-                    ..inner.context()
-                };
-                parts.push(Arc::new(Partition::open(ctx, topic, i, dir)?));
-            }
-            inner
-                .backend
-                .sync_dir(&inner.root)
-                .map_err(|e| StorageError::io(&inner.root, e))?;
+            let parts = inner.open_new_partitions(topic, old_count..new_count, &log_config)?;
             inner.write_registry(t.iter().map(|(n, p)| {
                 let count = if n == topic {
                     new_count
@@ -85,6 +65,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::Arc;
 
     use super::*;
     use crate::storage::batch::{encode_batch, BatchSpec, RecordSpec};

@@ -184,24 +184,7 @@ impl Store {
             return Err(StorageError::TopicExists(name.to_string()));
         }
         let created = (|| {
-            let mut parts = Vec::with_capacity(partitions as usize);
-            for i in 0..partitions {
-                let dir = inner.partition_dir(name, i);
-                // A directory left by an interrupted delete must not leak old data.
-                inner
-                    .backend
-                    .remove_dir_all(&dir)
-                    .map_err(|e| StorageError::io(&dir, e))?;
-                let ctx = PartitionContext {
-                    log_config: log_config.clone(),
-                    ..inner.context()
-                };
-                parts.push(Arc::new(Partition::open(ctx, name, i, dir)?));
-            }
-            inner
-                .backend
-                .sync_dir(&inner.root)
-                .map_err(|e| StorageError::io(&inner.root, e))?;
+            let parts = inner.open_new_partitions(name, 0..partitions, &log_config)?;
             // A config entry left by an earlier topic of the same name is replaced too.
             inner.replace_configs(name, configs.clone().unwrap_or_default())?;
             let mut listed: Vec<(&str, i32)> = t
@@ -428,6 +411,33 @@ impl Inner {
             }
         }
         (segments, bytes)
+    }
+
+    /// Opens partitions `range` of `topic` empty with `log_config` (removing any directory an
+    /// interrupted create, grow or delete left, so no old data leaks in) and fsyncs the data
+    /// directory so they exist before the registry names them.
+    fn open_new_partitions(
+        &self,
+        topic: &str,
+        range: std::ops::Range<i32>,
+        log_config: &LogConfig,
+    ) -> Result<Vec<Arc<Partition>>> {
+        let mut parts = Vec::with_capacity(range.len());
+        for i in range {
+            let dir = self.partition_dir(topic, i);
+            self.backend
+                .remove_dir_all(&dir)
+                .map_err(|e| StorageError::io(&dir, e))?;
+            let ctx = PartitionContext {
+                log_config: log_config.clone(),
+                ..self.context()
+            };
+            parts.push(Arc::new(Partition::open(ctx, topic, i, dir)?));
+        }
+        self.backend
+            .sync_dir(&self.root)
+            .map_err(|e| StorageError::io(&self.root, e))?;
+        Ok(parts)
     }
 
     fn partition_dir(&self, topic: &str, partition: i32) -> PathBuf {
