@@ -284,8 +284,16 @@ impl StreamEnvironment {
                         Some(Ok(Err((name, e)))) => {
                             // a closed channel is mostly the echo of the coordinator's failure
                             // (e.g. a failed seal): report the cause, not the echo
+                            // or of another subtask's failure: whichever reports a cause first
                             if matches!(e, Error::ChannelClosed(_)) && coord_done.is_none() {
-                                if let Ok(Ok(Err(cause))) = tokio::time::timeout(std::time::Duration::from_millis(500), &mut coord).await {
+                                let cause = tokio::select! {
+                                    r = tokio::time::timeout(ECHO_WAIT, &mut coord) => match r {
+                                        Ok(Ok(Err(cause))) => Some(cause),
+                                        _ => None,
+                                    },
+                                    f = subtask_failure(&mut tasks) => f,
+                                };
+                                if let Some(cause) = cause {
                                     return fail(cause, &mut tasks, &coord);
                                 }
                             }
@@ -315,8 +323,14 @@ impl StreamEnvironment {
     }
 }
 
+/// How long a failing job waits for the cause of a failure when it first sees an echo of it
+/// (a closed channel, or the coordinator seeing every subtask go). The parties are already
+/// ending, so the wait is short in practice; the bound is generous so that a loaded machine
+/// still reports the cause, and only guards against a subtask that never ends.
+const ECHO_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The first error a subtask failed with (a panic included), skipping subtasks that ended
-/// well and closed channels (echoes of another failure); waits at most half a second, since
+/// well and closed channels (echoes of another failure); waits at most [`ECHO_WAIT`], since
 /// the subtasks are ending when this is asked.
 async fn subtask_failure<N: std::fmt::Display + Send + 'static>(
     tasks: &mut JoinSet<std::result::Result<(), (N, Error)>>,
@@ -334,8 +348,5 @@ async fn subtask_failure<N: std::fmt::Display + Send + 'static>(
         }
         None
     };
-    tokio::time::timeout(std::time::Duration::from_millis(500), first)
-        .await
-        .ok()
-        .flatten()
+    tokio::time::timeout(ECHO_WAIT, first).await.ok().flatten()
 }
