@@ -35,7 +35,7 @@ where
     fn process(&mut self, record: T, out: &mut Vec<O>) -> Result<()> {
         let key = (self.key_fn)(&record);
         let g = self.store.group_index(&key)?;
-        let map = self.store.table::<A>(STATE)?.group_mut(g);
+        let map = self.store.table::<A>(STATE)?.key_mut(g, &key);
         let acc = map.entry(key.clone()).or_insert_with(|| (self.init)());
         (self.add)(acc, record);
         out.push((self.result)(&key, acc));

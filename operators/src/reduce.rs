@@ -25,7 +25,7 @@ impl<K: Key, T: Data, F: Fn(&T, T) -> T + Send + Sync + 'static> Operator<T, T>
     fn process(&mut self, record: T, out: &mut Vec<T>) -> Result<()> {
         let key = (self.key_fn)(&record);
         let g = self.store.group_index(&key)?;
-        let map = self.store.table::<T>(STATE)?.group_mut(g);
+        let map = self.store.table::<T>(STATE)?.key_mut(g, &key);
         let next = match map.get(&key) {
             Some(acc) => (self.f)(acc, record),
             None => record,

@@ -101,7 +101,7 @@ impl<K: Key> TimerService<K> {
     ) -> Result<()> {
         let g = store.group_index(key)?;
         let table = store.table::<BTreeSet<i64>>(domain.table())?;
-        let set = table.group_mut(g).entry(key.clone()).or_default();
+        let set = table.key_mut(g, key).entry(key.clone()).or_default();
         if set.insert(timestamp) {
             self.queue(domain)
                 .entry(timestamp)
@@ -120,7 +120,9 @@ impl<K: Key> TimerService<K> {
         timestamp: i64,
     ) -> Result<()> {
         let g = store.group_index(key)?;
-        let map = store.table::<BTreeSet<i64>>(domain.table())?.group_mut(g);
+        let map = store
+            .table::<BTreeSet<i64>>(domain.table())?
+            .key_mut(g, key);
         if let Some(set) = map.get_mut(key) {
             set.remove(&timestamp);
             if set.is_empty() {
@@ -151,7 +153,9 @@ impl<K: Key> TimerService<K> {
                 entry.remove();
             }
             let g = store.group_index(&key)?;
-            let map = store.table::<BTreeSet<i64>>(domain.table())?.group_mut(g);
+            let map = store
+                .table::<BTreeSet<i64>>(domain.table())?
+                .key_mut(g, &key);
             let Some(set) = map.get_mut(&key) else {
                 continue; // deleted
             };

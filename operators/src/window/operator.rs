@@ -133,7 +133,7 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
         Ok(self
             .store
             .table::<Windows<F::Acc>>(WINDOW_STATE)?
-            .group_mut(g)
+            .key_mut(g, key)
             .remove(key)
             .unwrap_or_default())
     }
@@ -143,7 +143,7 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
         let map = self
             .store
             .table::<Windows<F::Acc>>(WINDOW_STATE)?
-            .group_mut(g);
+            .key_mut(g, key);
         if !windows.is_empty() {
             map.insert(key.clone(), windows);
         }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::element::{Data, Key};
 use crate::keygroup::{key_group_for, KeyGroupRange};
@@ -16,17 +16,60 @@ use crate::{Error, Result};
 #[derive(Debug)]
 pub struct StateTable<K, V> {
     groups: Vec<HashMap<K, V>>,
+    /// Which keys changed since the last [`KeyedStateStore::take_changes`], per key group;
+    /// `None` when the store does not track changes.
+    changes: Option<Vec<GroupChanges<K>>>,
+}
+
+/// The changes of one key group since they were last taken.
+#[derive(Debug)]
+struct GroupChanges<K> {
+    /// Keys opened for writing.
+    keys: HashSet<K>,
+    /// The group's keys when it was first handed out whole ([`StateTable::group_mut`]): every
+    /// key present then or now may have changed.
+    whole: Option<HashSet<K>>,
+}
+
+impl<K> Default for GroupChanges<K> {
+    fn default() -> Self {
+        GroupChanges {
+            keys: HashSet::new(),
+            whole: None,
+        }
+    }
 }
 
 impl<K: Key, V: Data> StateTable<K, V> {
-    fn new(groups: usize) -> Self {
+    fn new(groups: usize, track_changes: bool) -> Self {
         StateTable {
             groups: (0..groups).map(|_| HashMap::new()).collect(),
+            changes: track_changes.then(|| (0..groups).map(|_| GroupChanges::default()).collect()),
         }
     }
 
-    /// The entries of the key group at `index` (relative to the subtask's range).
+    /// The entries of the key group at `index` (relative to the subtask's range). When the
+    /// store tracks changes, every key of the group counts as changed; prefer
+    /// [`StateTable::key_mut`] when the change concerns one key.
     pub fn group_mut(&mut self, index: usize) -> &mut HashMap<K, V> {
+        if let Some(changes) = &mut self.changes {
+            let c = &mut changes[index];
+            if c.whole.is_none() {
+                c.whole = Some(self.groups[index].keys().cloned().collect());
+            }
+        }
+        &mut self.groups[index]
+    }
+
+    /// The entries of the key group at `index`, to change the entry of `key` only (insert,
+    /// update or remove it): when the store tracks changes, `key` counts as changed.
+    pub fn key_mut(&mut self, index: usize, key: &K) -> &mut HashMap<K, V> {
+        if let Some(changes) = &mut self.changes {
+            let c = &mut changes[index];
+            if c.whole.is_none() && !c.keys.contains(key) {
+                c.keys.insert(key.clone());
+            }
+        }
         &mut self.groups[index]
     }
 
@@ -46,10 +89,16 @@ impl<K: Key, V: Data> StateTable<K, V> {
     }
 }
 
+/// A changed entry, encoded: (key group index in the range, key, value or `None` when the key
+/// was removed).
+type EncodedChange = (usize, Vec<u8>, Option<Vec<u8>>);
+
 trait ErasedTable<K>: Send {
     fn as_any_mut(&mut self) -> &mut dyn Any;
     fn snapshot_group(&self, index: usize) -> Result<Option<Vec<u8>>>;
     fn entries(&self) -> usize;
+    /// The changed entries since the last call.
+    fn take_changes(&mut self) -> Result<Vec<EncodedChange>>;
 }
 
 impl<K: Key, V: Data> ErasedTable<K> for StateTable<K, V> {
@@ -69,12 +118,47 @@ impl<K: Key, V: Data> ErasedTable<K> for StateTable<K, V> {
     fn entries(&self) -> usize {
         self.len()
     }
+
+    fn take_changes(&mut self) -> Result<Vec<EncodedChange>> {
+        let Some(changes) = &mut self.changes else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (index, c) in changes.iter_mut().enumerate() {
+            let group = &self.groups[index];
+            let mut keys = std::mem::take(&mut c.keys);
+            if let Some(whole) = c.whole.take() {
+                keys.extend(whole);
+                keys.extend(group.keys().cloned());
+            }
+            for key in keys {
+                let value = group.get(&key).map(encode).transpose()?;
+                out.push((index, encode(&key)?, value));
+            }
+        }
+        Ok(out)
+    }
 }
 
 enum Slot<K> {
     Typed(Box<dyn ErasedTable<K>>),
     /// Restored bytes per key group, not yet accessed with a type.
     Raw(Vec<(u16, Vec<u8>)>),
+}
+
+/// One changed entry of a keyed state table: what a changelog record carries. The key and
+/// value are encoded as in a snapshot (bincode), so [`snapshots_from_changes`] can rebuild
+/// key-group snapshots from a sequence of changes without knowing the types.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateChange {
+    /// State table name.
+    pub table: String,
+    /// The key's key group.
+    pub key_group: u16,
+    /// The encoded key.
+    pub key: Vec<u8>,
+    /// The encoded value, or `None` when the key was removed (a tombstone).
+    pub value: Option<Vec<u8>>,
 }
 
 /// The keyed state of one operator subtask.
@@ -84,6 +168,7 @@ pub struct KeyedStateStore<K> {
     max_parallelism: usize,
     range: KeyGroupRange,
     tables: Vec<(String, Slot<K>)>,
+    track_changes: bool,
 }
 
 impl<K: Key> KeyedStateStore<K> {
@@ -94,7 +179,15 @@ impl<K: Key> KeyedStateStore<K> {
             max_parallelism,
             range,
             tables: Vec::new(),
+            track_changes: false,
         }
+    }
+
+    /// Records which keys change, for [`KeyedStateStore::take_changes`] (a changelog of the
+    /// state). Set before the first table is used.
+    pub fn tracking_changes(mut self) -> Self {
+        self.track_changes = true;
+        self
     }
 
     /// Names the operator subtask owning the store; errors about its state name it.
@@ -128,7 +221,10 @@ impl<K: Key> KeyedStateStore<K> {
             None => {
                 self.tables.push((
                     name.to_string(),
-                    Slot::Typed(Box::new(StateTable::<K, V>::new(self.range.len()))),
+                    Slot::Typed(Box::new(StateTable::<K, V>::new(
+                        self.range.len(),
+                        self.track_changes,
+                    ))),
                 ));
                 self.tables.len() - 1
             }
@@ -136,7 +232,7 @@ impl<K: Key> KeyedStateStore<K> {
         let range = self.range;
         let slot = &mut self.tables[pos].1;
         if let Slot::Raw(groups) = slot {
-            let mut table = StateTable::<K, V>::new(range.len());
+            let mut table = StateTable::<K, V>::new(range.len(), self.track_changes);
             for (kg, bytes) in groups.drain(..) {
                 let entries: Vec<(K, V)> = decode(&bytes).map_err(|e| Error::StateTypeChanged {
                     operator: self.owner.clone(),
@@ -219,6 +315,27 @@ impl<K: Key> KeyedStateStore<K> {
         Ok(out)
     }
 
+    /// The entries changed since the last call (every key opened for writing, and a tombstone
+    /// for each removed one), in a stable order: by table, key group, key. Empty unless the
+    /// store was made [`KeyedStateStore::tracking_changes`]. Restored tables that were not
+    /// used since have no changes.
+    pub fn take_changes(&mut self) -> Result<Vec<StateChange>> {
+        let mut out = Vec::new();
+        for (name, slot) in &mut self.tables {
+            let Slot::Typed(t) = slot else { continue };
+            for (index, key, value) in t.take_changes()? {
+                out.push(StateChange {
+                    table: name.clone(),
+                    key_group: self.range.start + index as u16,
+                    key,
+                    value,
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.table, a.key_group, &a.key).cmp(&(&b.table, b.key_group, &b.key)));
+        Ok(out)
+    }
+
     /// Number of entries over all typed tables (restored, untouched tables are not counted).
     pub fn entries(&self) -> usize {
         self.tables
@@ -231,6 +348,47 @@ impl<K: Key> KeyedStateStore<K> {
     }
 }
 
+/// Folds a changelog (oldest change first) into key-group snapshots that
+/// [`KeyedStateStore::restore`] loads: the last change of each (table, key) wins and a
+/// tombstone removes the key. The entries are spliced from their encoded key and value
+/// bytes (bincode encodes a sequence as its length followed by its elements, and a pair as
+/// its two halves), so no type is needed until the operator reads its state.
+pub fn snapshots_from_changes(
+    changes: impl IntoIterator<Item = StateChange>,
+) -> Result<Vec<KeyGroupSnapshot>> {
+    let mut latest: BTreeMap<(u16, String), BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+    for c in changes {
+        let entries = latest.entry((c.key_group, c.table)).or_default();
+        match c.value {
+            Some(v) => {
+                entries.insert(c.key, v);
+            }
+            None => {
+                entries.remove(&c.key);
+            }
+        }
+    }
+    let mut out: Vec<KeyGroupSnapshot> = Vec::new();
+    for ((key_group, table), entries) in latest {
+        if entries.is_empty() {
+            continue;
+        }
+        let mut bytes = encode(&(entries.len() as u64))?;
+        for (k, v) in entries {
+            bytes.extend_from_slice(&k);
+            bytes.extend_from_slice(&v);
+        }
+        match out.last_mut() {
+            Some(last) if last.key_group == key_group => last.tables.push((table, bytes)),
+            _ => out.push(KeyGroupSnapshot {
+                key_group,
+                tables: vec![(table, bytes)],
+            }),
+        }
+    }
+    Ok(out)
+}
+
 /// A single value per key.
 pub struct ValueState<'a, K, V> {
     map: &'a mut HashMap<K, V>,
@@ -241,7 +399,7 @@ impl<'a, K: Key, V: Data> ValueState<'a, K, V> {
     /// Handle on `key`'s entry in `table` (group index from [`KeyedStateStore::group_index`]).
     pub fn new(table: &'a mut StateTable<K, V>, group: usize, key: &'a K) -> Self {
         ValueState {
-            map: table.group_mut(group),
+            map: table.key_mut(group, key),
             key,
         }
     }
@@ -287,7 +445,7 @@ impl<'a, K: Key, MK: Key, MV: Data> MapState<'a, K, MK, MV> {
     /// Handle on `key`'s map in `table`.
     pub fn new(table: &'a mut StateTable<K, HashMap<MK, MV>>, group: usize, key: &'a K) -> Self {
         MapState {
-            map: table.group_mut(group),
+            map: table.key_mut(group, key),
             key,
         }
     }
@@ -348,7 +506,7 @@ impl<'a, K: Key, V: Data> ListState<'a, K, V> {
     /// Handle on `key`'s list in `table`.
     pub fn new(table: &'a mut StateTable<K, Vec<V>>, group: usize, key: &'a K) -> Self {
         ListState {
-            map: table.group_mut(group),
+            map: table.key_mut(group, key),
             key,
         }
     }

@@ -4,5 +4,8 @@ pub mod format;
 pub mod keyed;
 pub mod snapshot;
 
-pub use keyed::{KeyedStateStore, ListState, MapState, StateTable, ValueState};
+pub use keyed::{
+    snapshots_from_changes, KeyedStateStore, ListState, MapState, StateChange, StateTable,
+    ValueState,
+};
 pub use snapshot::{KeyGroupSnapshot, OperatorSnapshot, RestoredState, SubtaskSnapshot};
