@@ -286,12 +286,15 @@ impl StreamEnvironment {
                             // (e.g. a failed seal): report the cause, not the echo
                             // or of another subtask's failure: whichever reports a cause first
                             if matches!(e, Error::ChannelClosed(_)) && coord_done.is_none() {
+                                // (when no other subtask has a cause, the coordinator's answer
+                                // decides: the pattern below disables that branch)
                                 let cause = tokio::select! {
                                     r = tokio::time::timeout(ECHO_WAIT, &mut coord) => match r {
+                                        Ok(Ok(Err(Error::Internal(m)))) if m == ALL_SUBTASKS_GONE => None,
                                         Ok(Ok(Err(cause))) => Some(cause),
                                         _ => None,
                                     },
-                                    f = subtask_failure(&mut tasks) => f,
+                                    Some(f) = subtask_failure(&mut tasks) => Some(f),
                                 };
                                 if let Some(cause) = cause {
                                     return fail(cause, &mut tasks, &coord);
