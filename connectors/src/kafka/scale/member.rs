@@ -1,0 +1,276 @@
+//! Group membership of a scaled-out job instance: one consumer per instance, subscribed to
+//! the job's topics with the cooperative-sticky assignor, so starting or stopping an instance
+//! moves only the partitions that must move. The instance learns of every change through a
+//! [`RebalanceListener`]: [`RebalanceListener::revoking`] runs inside the member's poll before
+//! librdkafka releases the partitions, so whatever is open for them (the instance's
+//! transaction) is committed or aborted before another instance can own them.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rdkafka::consumer::{
+    BaseConsumer, Consumer, ConsumerContext, ConsumerGroupMetadata, Rebalance,
+};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{ClientContext, TopicPartitionList};
+
+use super::super::{ClientProperties, KafkaError};
+
+/// Gauge: partitions (tasks) this instance owns.
+pub const TASKS_OWNED: &str = "onceflow_scale_tasks_owned";
+/// Counter: rebalance events seen by this instance, label `kind` (`assigned`, `revoked`,
+/// `lost`).
+pub const REBALANCES: &str = "onceflow_scale_rebalances_total";
+/// Histogram: seconds the instance spent releasing revoked partitions (its revoke callback).
+pub const REVOKE_SECONDS: &str = "onceflow_scale_revoke_seconds";
+
+/// One partition of one topic.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TopicPartition {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+}
+
+impl std::fmt::Display for TopicPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.topic, self.partition)
+    }
+}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
+    tpl.elements()
+        .iter()
+        .map(|e| TopicPartition {
+            topic: e.topic().to_string(),
+            partition: e.partition(),
+        })
+        .collect()
+}
+
+/// What an instance does when its assignment changes. Both calls run on the thread that
+/// polls the [`GroupMember`], inside its poll.
+pub trait RebalanceListener: Send + Sync + 'static {
+    /// `partitions` are about to be released. Commit what is open for them (or abort it) and
+    /// return when done: another instance may own them as soon as this returns. `lost` is
+    /// true when the group already gave them away (this instance missed its session timeout):
+    /// nothing may be committed for them any more, only aborted.
+    fn revoking(&self, partitions: &[TopicPartition], lost: bool);
+
+    /// `partitions` were added to this instance's assignment. Nothing is fetched for them
+    /// before the next poll; pause them (see [`GroupMember::pause`]) until their state is
+    /// restored.
+    fn assigned(&self, partitions: &[TopicPartition]);
+}
+
+/// The consumer context of a [`GroupMember`]: keeps the owned set and calls the listener.
+pub struct MemberContext {
+    instance: String,
+    owned: Mutex<BTreeSet<TopicPartition>>,
+    listener: Arc<dyn RebalanceListener>,
+}
+
+impl ClientContext for MemberContext {}
+
+impl ConsumerContext for MemberContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let partitions = partitions_of(tpl);
+            let lost = consumer.assignment_lost();
+            let kind = if lost { "lost" } else { "revoked" };
+            tracing::info!(
+                instance = %self.instance,
+                lost,
+                partitions = %list(&partitions),
+                "releasing partitions"
+            );
+            let started = Instant::now();
+            self.listener.revoking(&partitions, lost);
+            metrics::histogram!(REVOKE_SECONDS).record(started.elapsed().as_secs_f64());
+            metrics::counter!(REBALANCES, "kind" => kind).increment(1);
+            let mut owned = self.owned.lock();
+            for p in &partitions {
+                owned.remove(p);
+            }
+            metrics::gauge!(TASKS_OWNED).set(owned.len() as f64);
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let partitions = partitions_of(tpl);
+                {
+                    let mut owned = self.owned.lock();
+                    owned.extend(partitions.iter().cloned());
+                    metrics::gauge!(TASKS_OWNED).set(owned.len() as f64);
+                }
+                metrics::counter!(REBALANCES, "kind" => "assigned").increment(1);
+                tracing::info!(
+                    instance = %self.instance,
+                    partitions = %list(&partitions),
+                    "partitions assigned"
+                );
+                self.listener.assigned(&partitions);
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => {
+                tracing::warn!(instance = %self.instance, error = %e, "rebalance error");
+            }
+        }
+    }
+}
+
+fn list(partitions: &[TopicPartition]) -> String {
+    partitions
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Settings of a [`GroupMember`].
+#[derive(Clone, Debug)]
+pub struct MemberConfig {
+    /// Bootstrap servers.
+    pub brokers: String,
+    /// The job's consumer group.
+    pub group: String,
+    /// Topics every instance subscribes to (the input and the job's repartition topics).
+    pub topics: Vec<String>,
+    /// The instance's stable name (`group.instance.id`, static membership).
+    pub instance_id: String,
+    /// Session timeout: an instance silent for longer loses its partitions.
+    pub session_timeout: Duration,
+    /// Client properties shared by every client of the job (TLS, SASL).
+    pub client_properties: ClientProperties,
+}
+
+impl MemberConfig {
+    /// Settings with a 10 s session timeout and no client properties.
+    pub fn new(
+        brokers: impl Into<String>,
+        group: impl Into<String>,
+        topics: Vec<String>,
+        instance_id: impl Into<String>,
+    ) -> Self {
+        MemberConfig {
+            brokers: brokers.into(),
+            group: group.into(),
+            topics,
+            instance_id: instance_id.into(),
+            session_timeout: Duration::from_secs(10),
+            client_properties: ClientProperties::new(),
+        }
+    }
+}
+
+/// One instance's membership of the job's consumer group, and its read_committed consumer.
+pub struct GroupMember {
+    consumer: BaseConsumer<MemberContext>,
+}
+
+impl GroupMember {
+    /// Subscribes to the job's topics in its group. Partitions arrive through the listener
+    /// once [`GroupMember::poll`] runs.
+    pub fn join(
+        config: &MemberConfig,
+        listener: Arc<dyn RebalanceListener>,
+    ) -> Result<GroupMember, KafkaError> {
+        if config.topics.is_empty() {
+            return Err(KafkaError::Config(
+                "a group member subscribes to at least one topic".into(),
+            ));
+        }
+        let mut cfg = config.client_properties.client_config(&config.brokers);
+        cfg.set("group.id", &config.group)
+            .set("group.instance.id", &config.instance_id)
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set(
+                "session.timeout.ms",
+                config.session_timeout.as_millis().to_string(),
+            )
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest");
+        let context = MemberContext {
+            instance: config.instance_id.clone(),
+            owned: Mutex::new(BTreeSet::new()),
+            listener,
+        };
+        let consumer: BaseConsumer<MemberContext> = cfg
+            .create_with_context(context)
+            .map_err(|e| KafkaError::client("creating the group member's consumer", e))?;
+        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(|e| KafkaError::client(format!("subscribing to {topics:?}"), e))?;
+        tracing::info!(
+            instance = %config.instance_id,
+            group = %config.group,
+            topics = ?config.topics,
+            "joined the job's group"
+        );
+        Ok(GroupMember { consumer })
+    }
+
+    /// Polls for a record; rebalance callbacks run inside this call.
+    pub fn poll(
+        &self,
+        timeout: Duration,
+    ) -> Option<rdkafka::error::KafkaResult<BorrowedMessage<'_>>> {
+        self.consumer.poll(timeout)
+    }
+
+    /// The partitions this instance owns now.
+    pub fn owned(&self) -> BTreeSet<TopicPartition> {
+        self.consumer.context().owned.lock().clone()
+    }
+
+    /// The group metadata (member id, generation) to send with the instance's offsets in its
+    /// transaction (KIP-447: a zombie's stale generation is refused).
+    pub fn group_metadata(&self) -> Option<ConsumerGroupMetadata> {
+        self.consumer.group_metadata()
+    }
+
+    /// Stops fetching `partitions` (e.g. until their state is restored).
+    pub fn pause(&self, partitions: &[TopicPartition]) -> Result<(), KafkaError> {
+        self.consumer
+            .pause(&tpl(partitions))
+            .map_err(|e| KafkaError::client("pausing partitions", e))
+    }
+
+    /// Fetches `partitions` again.
+    pub fn resume(&self, partitions: &[TopicPartition]) -> Result<(), KafkaError> {
+        self.consumer
+            .resume(&tpl(partitions))
+            .map_err(|e| KafkaError::client("resuming partitions", e))
+    }
+
+    /// Closes the member: its partitions are revoked through the listener first. A static
+    /// member (one with a `group.instance.id`) does not leave the group on close: its
+    /// partitions move to other instances after its session timeout, or come back to it when
+    /// it rejoins under the same instance id before that.
+    pub fn close(self) {
+        if let Err(e) = self.consumer.close_queue() {
+            tracing::warn!(error = %e, "closing the group member");
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.consumer.closed() && Instant::now() < deadline {
+            let _ = self.consumer.poll(Duration::from_millis(100));
+        }
+    }
+}
+
+fn tpl(partitions: &[TopicPartition]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition(&p.topic, p.partition);
+    }
+    tpl
+}
