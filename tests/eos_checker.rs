@@ -2,9 +2,13 @@
 //! output and report duplicates, losses, wrong totals and DLQ mistakes (so the end-to-end
 //! tests can fail).
 
-mod eos_common;
-
-use eos_common::*;
+use onceflow_testkit::broker_process::BrokerProcess;
+use onceflow_testkit::checkpoints::*;
+use onceflow_testkit::child::Proc;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
+use onceflow_testkit::jobs::*;
+use onceflow_testkit::proxy::Proxy;
 
 fn exact_output(data: &Dataset) -> (Vec<Consumed>, Vec<Consumed>) {
     let mut totals = std::collections::HashMap::<String, i64>::new();
@@ -100,9 +104,9 @@ fn checker_finds_duplicates_losses_and_wrong_totals() {
 #[test]
 fn harness_reads_back_input_across_broker_kill9() {
     let dir = scenario_dir("eos_harness");
-    let mut broker = Broker::start(dir.path(), &[]);
+    let mut broker = scenario_broker(dir.path(), &[]);
     let bootstrap = broker.bootstrap().to_string();
-    create_topics(&bootstrap, &["harness-in"]);
+    create_topics(&bootstrap, &["harness-in"], PARTITIONS);
     let data = Dataset::generate(20_000, 9);
     produce_all(&bootstrap, "harness-in", &data);
     let read = |b: &str| {
@@ -117,8 +121,8 @@ fn harness_reads_back_input_across_broker_kill9() {
     let mut got = before.clone();
     got.sort();
     assert_eq!(got, want, "input read back differs from the dataset");
-    broker.kill9();
-    broker.restart();
+    kill9_broker(&mut broker);
+    broker.restart_same_port().expect("broker restarts");
     assert_eq!(broker.bootstrap(), bootstrap);
     assert_eq!(
         read(&bootstrap),

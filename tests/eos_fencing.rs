@@ -2,11 +2,15 @@
 //! prefix (same checkpoint dir and group: an accidental double start) fences the first,
 //! which must stop by itself; the output stays exactly-once.
 
-mod eos_common;
-
 use std::time::Duration;
 
-use eos_common::*;
+use onceflow_testkit::broker_process::BrokerProcess;
+use onceflow_testkit::checkpoints::*;
+use onceflow_testkit::child::Proc;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
+use onceflow_testkit::jobs::*;
+use onceflow_testkit::proxy::Proxy;
 
 fn fencing_run(test: &str, mode: &str) {
     let _machine = exclusive();

@@ -18,15 +18,13 @@
 //! started up front), so changes in the machine's load spread over all of them. MB/s counts
 //! value bytes only.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use common::{BrokerProcess, Storage};
+use onceflow_testkit::bins::{broker_binary, BROKER_BIN_ENV};
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -315,8 +313,8 @@ fn main() -> Result<()> {
     // checkouts whose builds would replace it in the middle of a run.
     let bin_dir = tempfile::tempdir()?;
     let bin_copy = bin_dir.path().join("onceflow-broker");
-    std::fs::copy(common::broker_binary(), &bin_copy).context("copy the broker binary")?;
-    std::env::set_var(common::BROKER_BIN_ENV, &bin_copy);
+    std::fs::copy(broker_binary(), &bin_copy).context("copy the broker binary")?;
+    std::env::set_var(BROKER_BIN_ENV, &bin_copy);
     println!("{}", machine_summary());
     println!();
     let mut rows = Vec::new();

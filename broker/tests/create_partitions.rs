@@ -3,16 +3,13 @@
 //! consumer, which finds them on its next metadata refresh), the error cases change nothing,
 //! and a durable broker keeps the new count across a kill -9.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
-use common::{
-    block_on, client_config, produce_acked, read_all, BrokerProcess, InProcessBroker, Storage,
-    TestRecord,
-};
 use onceflow_broker::BrokerConfig;
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::inproc::{block_on, InProcessBroker};
+use onceflow_testkit::records::{client_config, produce_acked, read_all, TestRecord};
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};

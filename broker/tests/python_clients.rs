@@ -5,15 +5,13 @@
 //! workspace's `.venv/bin/python` (made by `scripts/ci-setup.sh`); without it the test skips
 //! with a notice.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
-use common::{
-    kafka_python, produce_acked, read_all, run_python_script, BrokerProcess, Storage, TestRecord,
-};
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::python::{kafka_python, run_python_script};
+use onceflow_testkit::records::{produce_acked, read_all, TestRecord};
 
 fn run_script(py: &Path, broker: &BrokerProcess, args: &[&str]) -> Result<String> {
     run_python_script(

@@ -5,8 +5,6 @@
 //! A second test appends torn/garbage tails to the last segment file between runs: recovery must
 //! drop them, never serve them, and keep accepting writes.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,16 +12,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
-use common::{
-    idempotent_producer_with, produce_acked, read_all, send_all, Acks, BrokerProcess, Storage,
-    TestRecord,
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::records::{
+    idempotent_producer_with, produce_acked, read_all, send_all, Acks, TestRecord,
 };
 use rand::Rng;
 use rdkafka::producer::Producer;
 
 /// Checks the log read back against the delivery reports, record by record.
-fn verify(read: &[common::ReadRecord], records: &[TestRecord], acks: &Acks) -> Result<()> {
-    let mut at: HashMap<(i32, i64), &common::ReadRecord> = HashMap::new();
+fn verify(
+    read: &[onceflow_testkit::records::ReadRecord],
+    records: &[TestRecord],
+    acks: &Acks,
+) -> Result<()> {
+    let mut at: HashMap<(i32, i64), &onceflow_testkit::records::ReadRecord> = HashMap::new();
     let mut by_key: HashMap<&[u8], Vec<(i32, i64)>> = HashMap::new();
     let mut next: BTreeMap<i32, i64> = BTreeMap::new();
     for r in read {
@@ -145,7 +147,7 @@ fn kill_9_while_producing(
         segment_bytes,
     ];
     let mut broker = BrokerProcess::spawn(storage, &flags)?;
-    let bootstrap = broker.bootstrap();
+    let bootstrap = broker.bootstrap().to_string();
 
     let records: Vec<TestRecord> = (0..RECORDS)
         .map(|i| TestRecord::numbered(i as i32 % PARTITIONS, i as u64, 120))

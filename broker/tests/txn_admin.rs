@@ -7,15 +7,11 @@
 //! transaction log) and aborts it the same way. A third throws array-count bombs at every
 //! admin API: each closes only its own connection.
 
-mod common;
-mod txn_support;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use bytes::{BufMut, BytesMut};
-use common::{BrokerProcess, InProcessBroker, RawClient, Storage};
 use kafka_protocol::messages::describe_producers_request::TopicRequest;
 use kafka_protocol::messages::describe_producers_response::ProducerState;
 use kafka_protocol::messages::describe_transactions_response::TransactionState as Described;
@@ -29,10 +25,13 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use onceflow_broker::BrokerConfig;
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::clients::{consumer, flush, plain_producer, send, txn_producer, T};
+use onceflow_testkit::inproc::InProcessBroker;
+use onceflow_testkit::raw::RawClient;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, Producer};
-use txn_support::{consumer, flush, plain_producer, send, txn_producer, T};
 
 const TOPIC: &str = "txadm";
 const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;

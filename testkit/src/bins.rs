@@ -91,7 +91,10 @@ fn build_bins() -> Result<Bins, String> {
         "-p",
         "onceflow-broker",
     ])?;
-    let broker = layout.pin(&layout.profile_dir.join("onceflow-broker"), "onceflow-broker")?;
+    let broker = layout.pin(
+        &layout.profile_dir.join("onceflow-broker"),
+        "onceflow-broker",
+    )?;
     let job = layout.pin(
         &layout.profile_dir.join("examples").join("exactly_once_etl"),
         "exactly_once_etl",

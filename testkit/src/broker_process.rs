@@ -19,6 +19,9 @@ pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a restart on the same port retries while the port is still taken.
 pub const SAME_PORT_RETRY: Duration = Duration::from_secs(120);
 
+/// `RUST_LOG` that shows the transaction coordinator's steps (and its test failpoints).
+pub const TXN_DEBUG_LOG: &str = "info,onceflow_broker::txn=debug";
+
 /// Where a spawned broker keeps its log.
 #[derive(Clone, Debug)]
 pub enum Storage {
@@ -138,6 +141,17 @@ impl BrokerProcess {
         Self::builder(storage).args(extra_args).spawn()
     }
 
+    /// Spawns a broker on the durable `data_dir` with `extra` flags and the transaction
+    /// coordinator's debug log (`RUST_LOG=info,onceflow_broker::txn=debug`, for
+    /// [`BrokerProcess::wait_for_log`]); panics if it does not start.
+    pub fn durable_txn_debug(data_dir: &Path, extra: &[&str]) -> BrokerProcess {
+        Self::builder(Storage::durable(data_dir))
+            .args(extra)
+            .rust_log(TXN_DEBUG_LOG)
+            .spawn()
+            .expect("broker starts")
+    }
+
     fn spawn_once(&mut self, listen: &str) -> Result<()> {
         let mut cmd = Command::new(broker_binary());
         cmd.arg("--listen").arg(listen);
@@ -183,9 +197,7 @@ impl BrokerProcess {
             );
         };
         let rest = line.trim_start_matches("listening on ").trim();
-        self.addr = rest
-            .parse()
-            .with_context(|| format!("parse {line:?}"))?;
+        self.addr = rest.parse().with_context(|| format!("parse {line:?}"))?;
         self.bootstrap = rest.to_string();
         self.proc = Some(proc);
         Ok(())
@@ -208,9 +220,7 @@ impl BrokerProcess {
 
     /// True while the child process has not exited.
     pub fn is_alive(&mut self) -> bool {
-        self.proc
-            .as_mut()
-            .is_some_and(|p| p.try_status().is_none())
+        self.proc.as_mut().is_some_and(|p| p.try_status().is_none())
     }
 
     /// SIGKILL (kill -9) the child and reap it. Returns true if it was running, false if it

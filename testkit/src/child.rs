@@ -73,7 +73,9 @@ impl Proc {
             ),
             None => Stdio::null(),
         };
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("spawn {name}: {cmd:?}"))?;

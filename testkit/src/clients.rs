@@ -151,7 +151,6 @@ pub fn produce_records_paced(
     })
 }
 
-
 /// Delivers everything queued (drains delivery reports first, then flushes).
 pub fn flush(p: &BaseProducer) {
     p.poll(Duration::from_millis(0));

@@ -3,8 +3,8 @@
 //! two-phase-commit committer sends itself (FindCoordinator, EndTxn).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::fmt::Display;
+use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -15,14 +15,12 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
 pub use kafka_protocol::messages::{
-    ApiVersionsRequest, ApiVersionsResponse, BrokerId, EndTxnRequest, FetchRequest,
-    FetchResponse, FindCoordinatorRequest, InitProducerIdRequest, InitProducerIdResponse,
-    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, ProducerId,
-    RequestHeader, ResponseHeader, TopicName, TransactionalId,
+    ApiVersionsRequest, ApiVersionsResponse, BrokerId, EndTxnRequest, FetchRequest, FetchResponse,
+    FindCoordinatorRequest, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest,
+    MetadataResponse, ProduceRequest, ProduceResponse, ProducerId, RequestHeader, ResponseHeader,
+    TopicName, TransactionalId,
 };
-use kafka_protocol::protocol::{
-    Decodable, Encodable, HeaderVersion, Request, StrBytes,
-};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };

@@ -219,7 +219,11 @@ pub fn scenario_broker(dir: &Path, extra: &[&str]) -> BrokerProcess {
 /// Kills the broker of a scenario with kill -9; panics if it had exited by itself.
 pub fn kill9_broker(broker: &mut BrokerProcess) {
     let was_running = broker.kill9().expect("kill -9 the broker");
-    assert!(was_running, "broker had exited by itself\n{}", broker.describe());
+    assert!(
+        was_running,
+        "broker had exited by itself\n{}",
+        broker.describe()
+    );
 }
 
 /// Prepares a scenario: broker child, topics, and the dataset of `n` records.
