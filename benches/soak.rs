@@ -17,8 +17,6 @@
 
 use std::time::{Duration, Instant};
 
-use onceflow_testkit::child::Proc;
-use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
 
 /// Resident set size of `pid` in KiB, if it runs.

@@ -2,13 +2,8 @@
 //! output and report duplicates, losses, wrong totals and DLQ mistakes (so the end-to-end
 //! tests can fail).
 
-use onceflow_testkit::broker_process::BrokerProcess;
-use onceflow_testkit::checkpoints::*;
-use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
-use onceflow_testkit::jobs::*;
-use onceflow_testkit::proxy::Proxy;
 
 fn exact_output(data: &Dataset) -> (Vec<Consumed>, Vec<Consumed>) {
     let mut totals = std::collections::HashMap::<String, i64>::new();
@@ -25,6 +20,7 @@ fn exact_output(data: &Dataset) -> (Vec<Consumed>, Vec<Consumed>) {
         output.push(Consumed {
             partition,
             offset: *offset,
+            key: key.clone().into_bytes(),
             value: serde_json::json!({"id": id, "key": key, "amount": amount, "total": *total})
                 .to_string()
                 .into_bytes(),
@@ -39,6 +35,7 @@ fn exact_output(data: &Dataset) -> (Vec<Consumed>, Vec<Consumed>) {
         .map(|(i, r)| Consumed {
             partition: 0,
             offset: i as i64,
+            key: r.key.clone().into_bytes(),
             value: r.value.clone(),
         })
         .collect();

@@ -8,13 +8,11 @@
 
 use std::time::Duration;
 
+use onceflow_testkit::bins::*;
 use onceflow_testkit::broker_process::BrokerProcess;
-use onceflow_testkit::checkpoints::*;
 use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
-use onceflow_testkit::jobs::*;
-use onceflow_testkit::proxy::Proxy;
 
 /// Runs the job with `interval_ms` / `timeout_ms` against a fresh broker started with
 /// `broker_flags`; returns the process after it exited (or after `job started`).

@@ -7,13 +7,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use onceflow_testkit::broker_process::BrokerProcess;
 use onceflow_testkit::checkpoints::*;
-use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
-use onceflow_testkit::jobs::*;
-use onceflow_testkit::proxy::Proxy;
 
 /// Checkpoint at which the failpoint fires, counted from the first checkpoint of the run.
 const N: u64 = 3;

@@ -4,13 +4,7 @@
 
 use std::time::Duration;
 
-use onceflow_testkit::broker_process::BrokerProcess;
-use onceflow_testkit::checkpoints::*;
-use onceflow_testkit::child::Proc;
-use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
-use onceflow_testkit::jobs::*;
-use onceflow_testkit::proxy::Proxy;
 
 fn fencing_run(test: &str, mode: &str) {
     let _machine = exclusive();

@@ -6,13 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use onceflow_testkit::broker_process::BrokerProcess;
 use onceflow_testkit::checkpoints::*;
 use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
-use onceflow_testkit::jobs::*;
-use onceflow_testkit::proxy::Proxy;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

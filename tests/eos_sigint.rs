@@ -4,13 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use onceflow_testkit::broker_process::BrokerProcess;
-use onceflow_testkit::checkpoints::*;
-use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
-use onceflow_testkit::jobs::*;
-use onceflow_testkit::proxy::Proxy;
 
 #[test]
 fn sigint_commits_a_final_checkpoint_and_exits_0() {

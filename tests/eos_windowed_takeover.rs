@@ -7,13 +7,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use onceflow_testkit::broker_process::BrokerProcess;
-use onceflow_testkit::checkpoints::*;
-use onceflow_testkit::child::Proc;
+use onceflow_testkit::bins::*;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
 use onceflow_testkit::jobs::*;
-use onceflow_testkit::proxy::Proxy;
 
 const USERS: u64 = 20;
 const EVENTS: u64 = 6_000;

@@ -8,13 +8,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use onceflow_testkit::broker_process::BrokerProcess;
-use onceflow_testkit::checkpoints::*;
-use onceflow_testkit::child::Proc;
+use onceflow_testkit::bins::*;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
 use onceflow_testkit::jobs::*;
-use onceflow_testkit::proxy::Proxy;
 
 const PAGE: &str = include_str!("../docs/JOBS.md");
 

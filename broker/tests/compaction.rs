@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use onceflow_testkit::broker_process::{BrokerProcess, Storage, TXN_DEBUG_LOG};
-use onceflow_testkit::clients::T;
+use onceflow_testkit::clients::{send_retrying, T};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -84,16 +84,7 @@ impl Workload {
         if let Some(v) = &value {
             rec = rec.payload(v.as_bytes());
         }
-        loop {
-            match p.send(rec) {
-                Ok(()) => return,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    p.poll(Duration::from_millis(10));
-                    rec = r;
-                }
-                Err((e, _)) => panic!("send failed: {e}"),
-            }
-        }
+        send_retrying(p, rec);
     }
 
     /// `updates` updates of `keys` keys (every tenth a tombstone), an aborted and a committed

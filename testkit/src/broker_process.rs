@@ -180,10 +180,7 @@ impl BrokerProcess {
             .append(true)
             .open(&self.log)
             .and_then(|mut f| {
-                std::io::Write::write_all(
-                    &mut f,
-                    format!("---- run {} ----\n", self.generation).as_bytes(),
-                )
+                std::io::Write::write_all(&mut f, run_header(self.generation).as_bytes())
             })
             .with_context(|| format!("write {}", self.log.display()))?;
         let mut proc = Proc::try_spawn("broker", cmd, Some(&self.log))?;
@@ -279,9 +276,13 @@ impl BrokerProcess {
         &self.log
     }
 
-    /// The stderr log, at most `max` trailing bytes (the current or last run is at the end).
+    /// The stderr log of the current (or last) run, at most `max` trailing bytes.
     pub fn log_tail(&self, max: usize) -> String {
-        let text = self.all_logs();
+        let all = self.all_logs();
+        let header = run_header(self.generation);
+        let text = all
+            .rfind(&header)
+            .map_or(all.as_str(), |at| &all[at + header.len()..]);
         let start = text.len().saturating_sub(max);
         let start = (start..text.len())
             .find(|i| text.is_char_boundary(*i))
@@ -311,12 +312,17 @@ impl BrokerProcess {
         }
     }
 
-    /// Everything the broker printed, for assertion messages.
+    /// The current run's log, for assertion messages.
     pub fn describe(&self) -> String {
         format!(
-            "--- broker log {} (last 8 KiB) ---\n{}",
+            "--- broker log {} (current run, last 8 KiB) ---\n{}",
             self.log.display(),
             self.log_tail(8192)
         )
     }
+}
+
+/// The line that opens run `generation` in the broker's log file.
+fn run_header(generation: u32) -> String {
+    format!("---- run {generation} ----\n")
 }

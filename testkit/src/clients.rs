@@ -13,7 +13,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, ToBytes};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -72,10 +72,12 @@ pub fn send(p: &BaseProducer, topic: &str, partition: i32, value: &str) {
 
 /// Enqueues `rec`, polling and retrying while the local queue is full; panics on any other
 /// error.
-pub fn send_retrying<K: ToBytes + ?Sized, V: ToBytes + ?Sized>(
-    p: &BaseProducer,
-    mut rec: BaseRecord<'_, K, V>,
-) {
+pub fn send_retrying<K, V, C>(p: &BaseProducer<C>, mut rec: BaseRecord<'_, K, V, C::DeliveryOpaque>)
+where
+    K: ToBytes + ?Sized,
+    V: ToBytes + ?Sized,
+    C: ProducerContext,
+{
     loop {
         match p.send(rec) {
             Ok(()) => return,

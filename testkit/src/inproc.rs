@@ -61,6 +61,11 @@ impl InProcessBroker {
             .unwrap_or_default()
     }
 
+    /// The broker's handle (metrics address, shutdown).
+    pub fn handle(&self) -> &BrokerHandle {
+        self.handle.as_ref().expect("broker running")
+    }
+
     /// The bound address.
     pub fn addr(&self) -> std::net::SocketAddr {
         self.handle
