@@ -104,6 +104,22 @@ EOF
   bin[$t]="$path"
 done
 
+# cargo tells a test of the package that owns a binary where that binary is
+# (CARGO_BIN_EXE_<name>, read by onceflow_testkit::bins at run time); do the same
+broker_bin=$(python3 - "$out/build.json" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") \
+            and m["target"]["name"] == "onceflow-broker" and "bin" in m["target"]["kind"]:
+        print(m["executable"])
+        break
+EOF
+)
+
 declare -A pkg_dir
 while read -r name dir; do pkg_dir[$name]="$dir"; done < <(
   cargo metadata --no-deps --format-version 1 | python3 -c '
@@ -143,7 +159,11 @@ for ((i = 1; i <= runs; i++)); do
     log="$out/${t//[:\/]/_}-run$i.log"
     start=$(date +%s)
     # cargo runs a test binary in its package's directory; do the same
-    if (cd "${pkg_dir[${t%%:*}]}" && "${bin[$t]}" --test-threads=1 "${extra[@]}") >"$log" 2>&1; then
+    bin_env=()
+    if [ "${t%%:*}" = onceflow-broker ] && [ -n "$broker_bin" ]; then
+      bin_env=("CARGO_BIN_EXE_onceflow-broker=$broker_bin")
+    fi
+    if (cd "${pkg_dir[${t%%:*}]}" && env "${bin_env[@]}" "${bin[$t]}" --test-threads=1 "${extra[@]}") >"$log" 2>&1; then
       status=ok
       rm -f "$log"
     else
