@@ -187,7 +187,7 @@ fn fetch(bootstrap: &str, topic: &str, per_partition: i64) -> Result<(u64, Durat
 /// Something that serves Kafka on a bootstrap address for the duration of a measurement.
 enum Target {
     Broker {
-        process: BrokerProcess,
+        process: Box<BrokerProcess>,
         _data_dir: Option<tempfile::TempDir>,
     },
     Mock(MockCluster<'static, rdkafka::producer::DefaultProducerContext>),
@@ -196,7 +196,7 @@ enum Target {
 impl Target {
     fn bootstrap(&self) -> String {
         match self {
-            Target::Broker { process, .. } => process.bootstrap(),
+            Target::Broker { process, .. } => process.bootstrap().to_string(),
             Target::Mock(m) => m.bootstrap_servers(),
         }
     }
@@ -207,7 +207,7 @@ fn start_target(kind: &str, topic: &str) -> Result<Target> {
     let extra = ["--default-partitions", partitions.as_str()];
     Ok(match kind {
         "onceflow in-memory" => Target::Broker {
-            process: BrokerProcess::spawn(Storage::InMemory, &extra)?,
+            process: Box::new(BrokerProcess::spawn(Storage::InMemory, &extra)?),
             _data_dir: None,
         },
         "onceflow durable, fsync every-batch" | "onceflow durable, fsync never" => {
@@ -222,7 +222,7 @@ fn start_target(kind: &str, topic: &str) -> Result<Target> {
                 fsync: fsync.into(),
             };
             Target::Broker {
-                process: BrokerProcess::spawn(storage, &extra)?,
+                process: Box::new(BrokerProcess::spawn(storage, &extra)?),
                 _data_dir: Some(dir),
             }
         }

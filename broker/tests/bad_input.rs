@@ -455,14 +455,14 @@ fn missing_topic_or_partition_gets_unknown_topic_or_partition() -> Result<()> {
 /// Produces 200 records with rdkafka and reads them back, checking each.
 fn rdkafka_round_trip(broker: &BrokerProcess, topic: &str) -> Result<()> {
     let records: Vec<TestRecord> = (0..200).map(|i| TestRecord::numbered(0, i, 64)).collect();
-    let offsets = produce_acked(&broker.bootstrap(), topic, &records)
+    let offsets = produce_acked(broker.bootstrap(), topic, &records)
         .context("rdkafka produce after bad input")?;
     ensure!(
         offsets.iter().enumerate().all(|(i, &o)| o == (0, i as i64)),
         "offsets {:?}",
         &offsets[..5]
     );
-    let read = read_all(&broker.bootstrap(), topic, 1, Duration::from_secs(30))
+    let read = read_all(broker.bootstrap(), topic, 1, Duration::from_secs(30))
         .context("rdkafka consume after bad input")?;
     ensure!(
         read.len() == records.len(),

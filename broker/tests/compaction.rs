@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use onceflow_testkit::broker_process::{BrokerProcess, Storage, TXN_DEBUG_LOG};
-use onceflow_testkit::clients::{send_retrying, T};
+use onceflow_testkit::clients::{assign, consumer_with, send_retrying, T};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -23,7 +23,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::ClientContext;
 
 const TOPIC: &str = "compacted";
 const DELETE_RETENTION_MS: &str = "300";
@@ -184,25 +184,8 @@ fn create_topic(bootstrap: &str) {
 /// Reads the partition from the beginning to the end of the log: offset -> (key, value);
 /// panics on a tombstone or a repeated offset.
 fn read_all(bootstrap: &str, read_committed: bool) -> BTreeMap<i64, (String, String)> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "compaction-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set(
-            "isolation.level",
-            if read_committed {
-                "read_committed"
-            } else {
-                "read_uncommitted"
-            },
-        )
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(TOPIC, 0, Offset::Beginning)
-        .expect("tpl");
-    c.assign(&tpl).expect("assign");
+    let c = consumer_with(bootstrap, read_committed, true);
+    assign(&c, &[(TOPIC, 0)]);
     let mut out = BTreeMap::new();
     let mut last = -1;
     let deadline = Instant::now() + T;

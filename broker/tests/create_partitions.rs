@@ -249,20 +249,20 @@ fn durable_broker_keeps_new_partitions_across_kill_9() -> Result<()> {
         &["--no-auto-create-topics"],
     )?;
     let bs = broker.bootstrap();
-    let admin = admin(&bs)?;
+    let admin = admin(bs)?;
     create_topic(&admin, "kept", 1)?;
     assert_eq!(
         grow(&admin, &[NewPartitions::new("kept", 4)], false)?,
         vec![None]
     );
     let records: Vec<TestRecord> = (0..4).map(|p| TestRecord::numbered(p, 0, 32)).collect();
-    produce_acked(&bs, "kept", &records)?;
+    produce_acked(bs, "kept", &records)?;
     drop(admin);
 
     broker.restart()?;
     let bs = broker.bootstrap();
-    assert_eq!(partition_count(&bs, "kept")?, 4);
-    let read = read_all(&bs, "kept", 4, Duration::from_secs(60))?;
+    assert_eq!(partition_count(bs, "kept")?, 4);
+    let read = read_all(bs, "kept", 4, Duration::from_secs(60))?;
     for r in &records {
         ensure!(
             read.iter()

@@ -363,7 +363,7 @@ fn rdkafka_consumer_never_receives_a_batch_whose_crc_fails() -> Result<()> {
         f.write_all(&[byte[0] ^ 0x5a])?;
         f.sync_all()?;
     }
-    let consumer: BaseConsumer = onceflow_testkit::records::client_config(&broker.bootstrap())
+    let consumer: BaseConsumer = onceflow_testkit::records::client_config(broker.bootstrap())
         .set("group.id", "durable-corruption")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")

@@ -236,7 +236,7 @@ fn kill_9_while_producing(
     // One more kill -9 after everything was acknowledged, then read back.
     broker.restart_same_port()?;
     let read = read_all(
-        &broker.bootstrap(),
+        broker.bootstrap(),
         topic,
         PARTITIONS,
         Duration::from_secs(60),
@@ -323,7 +323,7 @@ fn torn_tail_is_truncated_and_never_served() -> Result<()> {
         let batch: Vec<TestRecord> = (0..300)
             .map(|i| TestRecord::numbered(0, (round * 1000 + i) as u64, 80))
             .collect();
-        let offsets = produce_acked(&broker.bootstrap(), topic, &batch)?;
+        let offsets = produce_acked(broker.bootstrap(), topic, &batch)?;
         for (i, &(p, o)) in offsets.iter().enumerate() {
             ensure!(
                 p == 0 && o == (all.len() + i) as i64,
@@ -376,14 +376,13 @@ fn torn_tail_is_truncated_and_never_served() -> Result<()> {
         broker
             .restart()
             .with_context(|| format!("restart after {kind}"))?;
-        let read = read_all(&broker.bootstrap(), topic, 1, Duration::from_secs(30)).with_context(
-            || {
+        let read =
+            read_all(broker.bootstrap(), topic, 1, Duration::from_secs(30)).with_context(|| {
                 format!(
                     "read back after {kind}; broker log:\n{}",
                     broker.log_tail(4000)
                 )
-            },
-        )?;
+            })?;
         ensure!(
             read.len() == all.len(),
             "after {kind}: the log serves {} records, {} were acknowledged; broker log:\n{}",
@@ -410,14 +409,14 @@ fn torn_tail_is_truncated_and_never_served() -> Result<()> {
     let tail: Vec<TestRecord> = (0..200)
         .map(|i| TestRecord::numbered(0, 9_000_000 + i, 80))
         .collect();
-    let offsets = produce_acked(&broker.bootstrap(), topic, &tail)?;
+    let offsets = produce_acked(broker.bootstrap(), topic, &tail)?;
     ensure!(
         offsets[0] == (0, all.len() as i64),
         "first record after recovery acked at {:?}",
         offsets[0]
     );
     all.extend(tail);
-    let read = read_all(&broker.bootstrap(), topic, 1, Duration::from_secs(30))?;
+    let read = read_all(broker.bootstrap(), topic, 1, Duration::from_secs(30))?;
     ensure!(
         read.len() == all.len(),
         "final log holds {} records, expected {}",
@@ -447,7 +446,7 @@ fn sigterm_flushes_and_exits_cleanly() -> Result<()> {
     let records: Vec<TestRecord> = (0..2_000)
         .map(|i| TestRecord::numbered(i as i32 % 2, i, 100))
         .collect();
-    let offsets = produce_acked(&broker.bootstrap(), topic, &records)?;
+    let offsets = produce_acked(broker.bootstrap(), topic, &records)?;
     let status = broker.terminate(Duration::from_secs(15))?;
     ensure!(
         status.success(),
@@ -455,7 +454,7 @@ fn sigterm_flushes_and_exits_cleanly() -> Result<()> {
         broker.log_tail(3000)
     );
     broker.restart()?;
-    let read = read_all(&broker.bootstrap(), topic, 2, Duration::from_secs(30))?;
+    let read = read_all(broker.bootstrap(), topic, 2, Duration::from_secs(30))?;
     ensure!(
         read.len() == records.len(),
         "{} of {} records after SIGTERM and restart",

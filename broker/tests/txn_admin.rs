@@ -323,8 +323,8 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
         &["--default-partitions", "1"],
     )?;
     let bs = broker.bootstrap();
-    let kept = one_txn(&bs, "kept", "kept-committed", &[0], Some(true));
-    let open = one_txn(&bs, "lost", "lost-open", &[0], None);
+    let kept = one_txn(bs, "kept", "kept-committed", &[0], Some(true));
+    let open = one_txn(bs, "lost", "lost-open", &[0], None);
     let mut raw = RawClient::connect(broker.addr())?;
     let d = describe_txns(&mut raw, &["lost"])?;
     let (pid, epoch) = (d[0].producer_id.0, d[0].producer_epoch);
@@ -368,7 +368,7 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
         .collect();
     assert_eq!(committed, vec![0], "{parts:?}");
 
-    let plain = plain_producer(&bs);
+    let plain = plain_producer(bs);
     send(&plain, TOPIC, 0, "after-lost");
     flush(&plain);
     // An older epoch than the partition's is refused; the producer's own epoch aborts.
@@ -384,7 +384,7 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
         "{parts:?}"
     );
 
-    let read = read_committed_until(&bs, &[(TOPIC, 0)], &["after-lost"])?;
+    let read = read_committed_until(bs, &[(TOPIC, 0)], &["after-lost"])?;
     assert_eq!(read, vec!["kept-committed", "after-lost"]);
     Ok(())
 }
