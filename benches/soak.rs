@@ -13,14 +13,11 @@
 //! Knobs: `ONCEFLOW_SOAK_MINUTES` (10), `ONCEFLOW_SOAK_KILL_EVERY_S` (30),
 //! `ONCEFLOW_SOAK_RATE` (input records per second, 2000), `ONCEFLOW_SOAK_MODE`
 //! (`transactional-offsets` or `two-phase-commit`, default the latter), and the
-//! `ONCEFLOW_EOS_*` knobs of the shared harness (tests/eos_common).
-
-#[path = "../tests/eos_common/mod.rs"]
-mod eos_common;
+//! `ONCEFLOW_EOS_*` knobs of the shared harness (`onceflow_testkit::eos`).
 
 use std::time::{Duration, Instant};
 
-use eos_common::*;
+use onceflow_testkit::eos::*;
 
 /// Resident set size of `pid` in KiB, if it runs.
 fn rss_kib(pid: u32) -> Option<u64> {

@@ -77,6 +77,23 @@ target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 out="${out:-$target_dir/flake-hunt/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"
 
+# The executable of target NAME of kind KIND (test, bin) in the build's JSON messages.
+artifact() {
+  python3 - "$out/build.json" "$1" "$2" <<'EOF'
+import json, sys
+want, kind = sys.argv[2], sys.argv[3]
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") \
+            and m["target"]["name"] == want and kind in m["target"]["kind"]:
+        print(m["executable"])
+        break
+EOF
+}
+
 # Build every chosen test binary once and find its path.
 declare -A bin
 args=()
@@ -86,23 +103,14 @@ cargo test --no-run --message-format=json "${args[@]}" 2>"$out/build.log" >"$out
   echo "flake-hunt: build failed, see $out/build.log" >&2; exit 1; }
 for t in "${targets[@]}"; do
   name="${t#*:}"
-  path=$(python3 - "$out/build.json" "$name" <<'EOF'
-import json, sys
-want = sys.argv[2]
-for line in open(sys.argv[1]):
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") \
-            and m["target"]["name"] == want and "test" in m["target"]["kind"]:
-        print(m["executable"])
-        break
-EOF
-)
+  path=$(artifact "$name" test)
   [ -n "$path" ] || { echo "flake-hunt: no test binary for $t" >&2; exit 1; }
   bin[$t]="$path"
 done
+
+# cargo tells a test of the package that owns a binary where that binary is
+# (CARGO_BIN_EXE_<name>, read by onceflow_testkit::bins at run time); do the same
+broker_bin=$(artifact onceflow-broker bin)
 
 declare -A pkg_dir
 while read -r name dir; do pkg_dir[$name]="$dir"; done < <(
@@ -143,7 +151,11 @@ for ((i = 1; i <= runs; i++)); do
     log="$out/${t//[:\/]/_}-run$i.log"
     start=$(date +%s)
     # cargo runs a test binary in its package's directory; do the same
-    if (cd "${pkg_dir[${t%%:*}]}" && "${bin[$t]}" --test-threads=1 "${extra[@]}") >"$log" 2>&1; then
+    bin_env=()
+    if [ "${t%%:*}" = onceflow-broker ] && [ -n "$broker_bin" ]; then
+      bin_env=("CARGO_BIN_EXE_onceflow-broker=$broker_bin")
+    fi
+    if (cd "${pkg_dir[${t%%:*}]}" && env "${bin_env[@]}" "${bin[$t]}" --test-threads=1 "${extra[@]}") >"$log" 2>&1; then
       status=ok
       rm -f "$log"
     else

@@ -14,11 +14,14 @@
 //! transaction, go on; restarted by the test from the last sealed checkpoint, the output is
 //! exact.
 
-mod eos_common;
-
 use std::time::{Duration, Instant};
 
-use eos_common::*;
+use onceflow_testkit::bins::*;
+use onceflow_testkit::checkpoints::*;
+use onceflow_testkit::child::Proc;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
+use onceflow_testkit::proxy::Proxy;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -56,9 +59,9 @@ fn broker_kill_run(test: &str, mode: &str) {
     let mut job_exits = 0;
     for k in 1..=BROKER_KILLS {
         std::thread::sleep(Duration::from_millis(rng.random_range(200..1500)));
-        broker.kill9();
+        kill9_broker(&mut broker);
         std::thread::sleep(Duration::from_millis(rng.random_range(300..2000)));
-        broker.restart();
+        broker.restart_same_port().expect("broker restarts");
         assert_eq!(
             broker.bootstrap(),
             bootstrap,
@@ -134,10 +137,14 @@ fn network_drop_run(test: &str, mode: &str) {
     // the broker advertises the proxy, so it must forward before any client connects
     let mut proxy = Proxy::bind();
     bins();
-    let broker = Broker::start(dir.path(), &["--advertised-listener", &proxy.addr()]);
+    let broker = scenario_broker(dir.path(), &["--advertised-listener", &proxy.addr()]);
     proxy.start(broker.bootstrap());
     let bootstrap = proxy.addr();
-    create_topics(&bootstrap, &[&args.input, &args.output, &args.dlq()]);
+    create_topics(
+        &bootstrap,
+        &[&args.input, &args.output, &args.dlq()],
+        PARTITIONS,
+    );
     let data = Dataset::generate(n, seed);
     let mut rng = StdRng::seed_from_u64(seed);
     let producer = produce_paced(

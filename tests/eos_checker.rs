@@ -2,9 +2,8 @@
 //! output and report duplicates, losses, wrong totals and DLQ mistakes (so the end-to-end
 //! tests can fail).
 
-mod eos_common;
-
-use eos_common::*;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
 
 fn exact_output(data: &Dataset) -> (Vec<Consumed>, Vec<Consumed>) {
     let mut totals = std::collections::HashMap::<String, i64>::new();
@@ -21,6 +20,7 @@ fn exact_output(data: &Dataset) -> (Vec<Consumed>, Vec<Consumed>) {
         output.push(Consumed {
             partition,
             offset: *offset,
+            key: key.clone().into_bytes(),
             value: serde_json::json!({"id": id, "key": key, "amount": amount, "total": *total})
                 .to_string()
                 .into_bytes(),
@@ -35,6 +35,7 @@ fn exact_output(data: &Dataset) -> (Vec<Consumed>, Vec<Consumed>) {
         .map(|(i, r)| Consumed {
             partition: 0,
             offset: i as i64,
+            key: r.key.clone().into_bytes(),
             value: r.value.clone(),
         })
         .collect();
@@ -100,9 +101,9 @@ fn checker_finds_duplicates_losses_and_wrong_totals() {
 #[test]
 fn harness_reads_back_input_across_broker_kill9() {
     let dir = scenario_dir("eos_harness");
-    let mut broker = Broker::start(dir.path(), &[]);
+    let mut broker = scenario_broker(dir.path(), &[]);
     let bootstrap = broker.bootstrap().to_string();
-    create_topics(&bootstrap, &["harness-in"]);
+    create_topics(&bootstrap, &["harness-in"], PARTITIONS);
     let data = Dataset::generate(20_000, 9);
     produce_all(&bootstrap, "harness-in", &data);
     let read = |b: &str| {
@@ -117,8 +118,8 @@ fn harness_reads_back_input_across_broker_kill9() {
     let mut got = before.clone();
     got.sort();
     assert_eq!(got, want, "input read back differs from the dataset");
-    broker.kill9();
-    broker.restart();
+    kill9_broker(&mut broker);
+    broker.restart_same_port().expect("broker restarts");
     assert_eq!(broker.bootstrap(), bootstrap);
     assert_eq!(
         read(&bootstrap),

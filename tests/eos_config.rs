@@ -6,11 +6,13 @@
 //! values never appear in its output, and two-phase-commit mode is refused on a secured
 //! cluster, whose recovery client it cannot reach.
 
-mod eos_common;
-
 use std::time::Duration;
 
-use eos_common::*;
+use onceflow_testkit::bins::*;
+use onceflow_testkit::broker_process::BrokerProcess;
+use onceflow_testkit::child::Proc;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
 
 /// Runs the job with `interval_ms` / `timeout_ms` against a fresh broker started with
 /// `broker_flags`; returns the process after it exited (or after `job started`).
@@ -19,14 +21,15 @@ fn run(
     broker_flags: &[&str],
     interval_ms: u64,
     timeout_ms: u64,
-) -> (Proc, Broker, tempfile::TempDir) {
+) -> (Proc, BrokerProcess, tempfile::TempDir) {
     let dir = scenario_dir(test);
     bins();
-    let broker = Broker::start(dir.path(), broker_flags);
+    let broker = scenario_broker(dir.path(), broker_flags);
     let mut args = JobArgs::new("two-phase-commit", dir.path());
     create_topics(
         broker.bootstrap(),
         &[&args.input, &args.output, &args.dlq()],
+        PARTITIONS,
     );
     args.checkpoint_interval_ms = interval_ms;
     args.transaction_timeout_ms = Some(timeout_ms);
@@ -250,7 +253,7 @@ fn all_output(job: &Proc) -> String {
 fn two_phase_commit_on_a_secured_cluster_is_refused() {
     let dir = scenario_dir("eos_config_secured_2pc");
     bins();
-    let broker = Broker::start(dir.path(), &[]);
+    let broker = scenario_broker(dir.path(), &[]);
     let mut args = JobArgs::new("two-phase-commit", dir.path());
     args.extra_args = vec![
         "--kafka-property".into(),

@@ -4,12 +4,12 @@
 //! Also the window before that in two-phase-commit mode: metadata durable, seal not yet
 //! committed (`before-seal:N`): N never counts, the restart restores N-1 and replays.
 
-mod eos_common;
-
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use eos_common::*;
+use onceflow_testkit::checkpoints::*;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
 
 /// Checkpoint at which the failpoint fires, counted from the first checkpoint of the run.
 const N: u64 = 3;

@@ -2,11 +2,9 @@
 //! prefix (same checkpoint dir and group: an accidental double start) fences the first,
 //! which must stop by itself; the output stays exactly-once.
 
-mod eos_common;
-
 use std::time::Duration;
 
-use eos_common::*;
+use onceflow_testkit::eos::*;
 
 fn fencing_run(test: &str, mode: &str) {
     let _machine = exclusive();

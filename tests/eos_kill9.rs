@@ -4,11 +4,12 @@
 //! last total equal to the sum of its inputs, in both exactly-once modes. The same run in
 //! at-least-once mode must show duplicates, which proves the checker can fail.
 
-mod eos_common;
-
 use std::time::{Duration, Instant};
 
-use eos_common::*;
+use onceflow_testkit::checkpoints::*;
+use onceflow_testkit::child::Proc;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -2,13 +2,10 @@
 //! `job stopped:` summary and exit 0 within 10 s; a read_committed reader then sees every
 //! record the job reported as processed.
 
-mod eos_common;
-mod job_kit;
-
 use std::time::{Duration, Instant};
 
-use eos_common::*;
-use job_kit::interrupt;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
 
 #[test]
 fn sigint_commits_a_final_checkpoint_and_exits_0() {
@@ -36,7 +33,7 @@ fn sigint_commits_a_final_checkpoint_and_exits_0() {
     );
 
     let t0 = Instant::now();
-    interrupt(&mut job);
+    job.interrupt();
     let status = job.wait_exit(Duration::from_secs(10));
     assert!(
         status.is_some_and(|s| s.success()),

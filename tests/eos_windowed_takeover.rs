@@ -4,14 +4,13 @@
 //! in the read_committed output exactly once, with the right count and sum. Both exactly-once
 //! modes. Runs the broker and the jobs as child processes on 127.0.0.1.
 
-mod eos_common;
-mod job_kit;
-
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use eos_common::*;
-use job_kit::*;
+use onceflow_testkit::bins::*;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
+use onceflow_testkit::jobs::*;
 
 const USERS: u64 = 20;
 const EVENTS: u64 = 6_000;
@@ -84,10 +83,10 @@ fn produce(bootstrap: &str, topic: &str) -> std::thread::JoinHandle<()> {
 }
 
 /// The output's windows (the flush user's left out), each with every result emitted for it.
-fn windows(records: &[Keyed]) -> BTreeMap<WindowId, Vec<WindowResult>> {
+fn windows(records: &[Consumed]) -> BTreeMap<WindowId, Vec<WindowResult>> {
     let mut got: BTreeMap<WindowId, Vec<WindowResult>> = BTreeMap::new();
     for r in records {
-        let v: serde_json::Value = serde_json::from_str(&r.value).expect("output is JSON");
+        let v: serde_json::Value = serde_json::from_slice(&r.value).expect("output is JSON");
         let user = v["user"].as_str().unwrap_or_default().to_string();
         if user == "flush" {
             continue;
@@ -108,10 +107,14 @@ fn takeover(test: &str, mode: &str) {
     let _machine = exclusive();
     let dir = scenario_dir(test);
     bins();
-    let broker = Broker::start(dir.path(), &[]);
+    let broker = scenario_broker(dir.path(), &[]);
     let bootstrap = broker.bootstrap().to_string();
     let (input, output) = ("clicks", "click-counts");
-    create_topics(&bootstrap, &[input, output, "click-counts.late"]);
+    create_topics(
+        &bootstrap,
+        &[input, output, "click-counts.late"],
+        PARTITIONS,
+    );
     let ckpt = dir.path().join("checkpoints");
     let args: Vec<String> = [
         "--brokers",
@@ -168,14 +171,14 @@ fn takeover(test: &str, mode: &str) {
     producer.join().expect("input producer");
 
     let want = expected();
-    let real = |recs: &Vec<Keyed>| recs.iter().filter(|r| r.key != "flush").count();
+    let real = |recs: &Vec<Consumed>| recs.iter().filter(|r| r.key_str() != "flush").count();
     let seen = wait_for(
         Duration::from_secs(120),
-        || read_committed(&bootstrap, output),
+        || read_topic(&bootstrap, output, true),
         |recs| real(recs) >= want.len(),
     );
     if seen.is_none() {
-        let got = windows(&read_committed(&bootstrap, output));
+        let got = windows(&read_topic(&bootstrap, output, true));
         let missing: Vec<_> = want.keys().filter(|k| !got.contains_key(*k)).collect();
         panic!(
             "the output did not reach {} windows within 120 s: {} missing, e.g. {:?}\n{}\n{}",
@@ -188,7 +191,7 @@ fn takeover(test: &str, mode: &str) {
     }
     second.stop_gracefully(Duration::from_secs(60));
 
-    let got = windows(&read_committed(&bootstrap, output));
+    let got = windows(&read_topic(&bootstrap, output, true));
     let repeated: Vec<_> = got.iter().filter(|(_, v)| v.len() > 1).take(10).collect();
     assert!(
         repeated.is_empty(),
@@ -223,7 +226,7 @@ fn takeover(test: &str, mode: &str) {
         "windows the input does not have: {extra:?}"
     );
     assert!(
-        read_committed(&bootstrap, "click-counts.late").is_empty(),
+        read_topic(&bootstrap, "click-counts.late", true).is_empty(),
         "events went to the late topic"
     );
     eprintln!(

@@ -3,16 +3,15 @@
 //! checkpoint) with its output checked record by record; and a job crate that depends on
 //! onceflow with `default-features = false` does not build the bundled broker.
 
-mod eos_common;
-mod job_kit;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use eos_common::*;
-use job_kit::*;
+use onceflow_testkit::bins::*;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::eos::*;
+use onceflow_testkit::jobs::*;
 
 const PAGE: &str = include_str!("../docs/JOBS.md");
 
@@ -72,9 +71,9 @@ fn the_page_job_survives_three_sigkills_exactly_once() {
     let test = "jobs_page_kill9";
     let dir = scenario_dir(test);
     bins();
-    let broker = Broker::start(dir.path(), &[]);
+    let broker = scenario_broker(dir.path(), &[]);
     let bootstrap = broker.bootstrap().to_string();
-    create_topics(&bootstrap, &["totals-in", "totals-out"]);
+    create_topics(&bootstrap, &["totals-in", "totals-out"], PARTITIONS);
     let ckpt = dir.path().join("checkpoints");
     let args: Vec<String> = [
         "--brokers",
@@ -121,7 +120,7 @@ fn the_page_job_survives_three_sigkills_exactly_once() {
     let mut job = spawn_example("running_totals", &args, dir.path(), "final");
     let complete = wait_for(
         Duration::from_secs(120),
-        || read_committed(&bootstrap, "totals-out").len() as u64,
+        || read_topic(&bootstrap, "totals-out", true).len() as u64,
         |n| *n >= RECORDS,
     );
     assert!(
@@ -143,11 +142,11 @@ fn the_page_job_survives_three_sigkills_exactly_once() {
         *t += n;
         want.entry(key).or_default().push(t.to_string());
     }
-    let mut out = read_committed(&bootstrap, "totals-out");
+    let mut out = read_topic(&bootstrap, "totals-out", true);
     out.sort_by_key(|r| (r.partition, r.offset));
     let mut got: HashMap<String, Vec<String>> = HashMap::new();
     for r in out {
-        got.entry(r.key).or_default().push(r.value);
+        got.entry(r.key_str()).or_default().push(r.value_str());
     }
     for (key, w) in &want {
         let g = got.remove(key).unwrap_or_default();

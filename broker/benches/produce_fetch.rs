@@ -18,15 +18,13 @@
 //! started up front), so changes in the machine's load spread over all of them. MB/s counts
 //! value bytes only.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use common::{BrokerProcess, Storage};
+use onceflow_testkit::bins::{broker_binary, BROKER_BIN_ENV};
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -189,7 +187,7 @@ fn fetch(bootstrap: &str, topic: &str, per_partition: i64) -> Result<(u64, Durat
 /// Something that serves Kafka on a bootstrap address for the duration of a measurement.
 enum Target {
     Broker {
-        process: BrokerProcess,
+        process: Box<BrokerProcess>,
         _data_dir: Option<tempfile::TempDir>,
     },
     Mock(MockCluster<'static, rdkafka::producer::DefaultProducerContext>),
@@ -198,7 +196,7 @@ enum Target {
 impl Target {
     fn bootstrap(&self) -> String {
         match self {
-            Target::Broker { process, .. } => process.bootstrap(),
+            Target::Broker { process, .. } => process.bootstrap().to_string(),
             Target::Mock(m) => m.bootstrap_servers(),
         }
     }
@@ -209,7 +207,7 @@ fn start_target(kind: &str, topic: &str) -> Result<Target> {
     let extra = ["--default-partitions", partitions.as_str()];
     Ok(match kind {
         "onceflow in-memory" => Target::Broker {
-            process: BrokerProcess::spawn(Storage::InMemory, &extra)?,
+            process: Box::new(BrokerProcess::spawn(Storage::InMemory, &extra)?),
             _data_dir: None,
         },
         "onceflow durable, fsync every-batch" | "onceflow durable, fsync never" => {
@@ -224,7 +222,7 @@ fn start_target(kind: &str, topic: &str) -> Result<Target> {
                 fsync: fsync.into(),
             };
             Target::Broker {
-                process: BrokerProcess::spawn(storage, &extra)?,
+                process: Box::new(BrokerProcess::spawn(storage, &extra)?),
                 _data_dir: Some(dir),
             }
         }
@@ -315,8 +313,8 @@ fn main() -> Result<()> {
     // checkouts whose builds would replace it in the middle of a run.
     let bin_dir = tempfile::tempdir()?;
     let bin_copy = bin_dir.path().join("onceflow-broker");
-    std::fs::copy(common::broker_binary(), &bin_copy).context("copy the broker binary")?;
-    std::env::set_var(common::BROKER_BIN_ENV, &bin_copy);
+    std::fs::copy(broker_binary(), &bin_copy).context("copy the broker binary")?;
+    std::env::set_var(BROKER_BIN_ENV, &bin_copy);
     println!("{}", machine_summary());
     println!();
     let mut rows = Vec::new();

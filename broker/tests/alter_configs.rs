@@ -5,19 +5,19 @@
 //! broker resources are refused, the changes survive a restart, and max.message.bytes applies
 //! to the next Produce.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{block_on, client_config, InProcessBroker, RawClient};
 use kafka_protocol::messages::alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::incremental_alter_configs_request as incremental;
 use kafka_protocol::messages::{AlterConfigsRequest, IncrementalAlterConfigsRequest};
 use kafka_protocol::protocol::StrBytes;
 use onceflow_broker::storage::StorageConfig;
 use onceflow_broker::BrokerConfig;
+use onceflow_testkit::inproc::{block_on, InProcessBroker};
+use onceflow_testkit::raw::RawClient;
+use onceflow_testkit::records::client_config;
 use rdkafka::admin::{
     AdminClient, AdminOptions, AlterConfig, ConfigSource, NewTopic, ResourceSpecifier,
     TopicReplication,
@@ -336,7 +336,7 @@ fn max_message_bytes_applies_to_produce_at_once() -> Result<()> {
     create(&b, "sized")?;
     let mut raw = RawClient::connect(broker.addr())?;
     let big = "x".repeat(2000);
-    let batch = common::idempotent_batch(-1, -1, -1, &[big.as_str()])?;
+    let batch = onceflow_testkit::raw::idempotent_batch(-1, -1, -1, &[big.as_str()])?;
     ensure!(raw.produce(9, "sized", 0, batch.clone())?.error_code == 0);
     let code = alter_raw(
         &mut raw,
@@ -348,7 +348,7 @@ fn max_message_bytes_applies_to_produce_at_once() -> Result<()> {
     ensure!(code == 0);
     let refused = raw.produce(9, "sized", 0, batch.clone())?;
     ensure!(refused.error_code == MESSAGE_TOO_LARGE, "{refused:?}");
-    let small = common::idempotent_batch(-1, -1, -1, &["small"])?;
+    let small = onceflow_testkit::raw::idempotent_batch(-1, -1, -1, &["small"])?;
     ensure!(raw.produce(9, "sized", 0, small)?.error_code == 0);
     let code = incremental_raw(
         &mut raw,

@@ -5,21 +5,20 @@
 //! The broker must never die, must answer or close each bad connection, and a normal rdkafka
 //! client in the same test must still produce and consume afterwards.
 
-mod common;
-
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use common::{
-    error_code, produce_acked, read_all, ApiVersionsRequest, ApiVersionsResponse, BrokerProcess,
-    MetadataRequest, RawClient, Storage, TestRecord,
-};
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::{
     CreateTopicsRequest, FetchRequest, ListOffsetsRequest, ProduceRequest,
 };
 use kafka_protocol::protocol::Decodable;
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::raw::{
+    error_code, ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, RawClient,
+};
+use onceflow_testkit::records::{produce_acked, read_all, TestRecord};
 use rand::Rng;
 
 /// How long the broker may take to answer or close a bad connection.
@@ -315,7 +314,7 @@ fn bit_flipped_requests_are_answered_or_closed() -> Result<()> {
     let topic = "flip";
     let mut setup = RawClient::connect(broker.addr())?;
     setup.metadata(4, &[topic])?;
-    let batch = common::idempotent_batch(-1, -1, -1, &["x", "y", "z"])?;
+    let batch = onceflow_testkit::raw::idempotent_batch(-1, -1, -1, &["x", "y", "z"])?;
     let mut seeds: Vec<BytesMut> = Vec::new();
     seeds.push(metadata_frame(&mut setup)?);
     let produce = ProduceRequest::default()
@@ -323,7 +322,7 @@ fn bit_flipped_requests_are_answered_or_closed() -> Result<()> {
         .with_timeout_ms(1000)
         .with_topic_data(vec![
             kafka_protocol::messages::produce_request::TopicProduceData::default()
-                .with_name(common::topic_name(topic))
+                .with_name(onceflow_testkit::raw::topic_name(topic))
                 .with_partition_data(vec![
                     kafka_protocol::messages::produce_request::PartitionProduceData::default()
                         .with_index(0)
@@ -336,7 +335,7 @@ fn bit_flipped_requests_are_answered_or_closed() -> Result<()> {
         .with_max_wait_ms(10)
         .with_topics(vec![
             kafka_protocol::messages::fetch_request::FetchTopic::default()
-                .with_topic(common::topic_name(topic))
+                .with_topic(onceflow_testkit::raw::topic_name(topic))
                 .with_partitions(vec![
                     kafka_protocol::messages::fetch_request::FetchPartition::default()
                         .with_partition(0)
@@ -399,7 +398,7 @@ fn missing_topic_or_partition_gets_unknown_topic_or_partition() -> Result<()> {
         t.error_code
     );
 
-    let batch = common::idempotent_batch(-1, -1, -1, &["v"])?;
+    let batch = onceflow_testkit::raw::idempotent_batch(-1, -1, -1, &["v"])?;
     let p = c.produce(produce_v, "nope", 0, batch.clone())?;
     ensure!(
         p.error_code == error_code::UNKNOWN_TOPIC_OR_PARTITION,
@@ -415,7 +414,7 @@ fn missing_topic_or_partition_gets_unknown_topic_or_partition() -> Result<()> {
     let create = CreateTopicsRequest::default()
         .with_timeout_ms(5000)
         .with_topics(vec![CreatableTopic::default()
-            .with_name(common::topic_name("one-partition"))
+            .with_name(onceflow_testkit::raw::topic_name("one-partition"))
             .with_num_partitions(1)
             .with_replication_factor(3)]);
     let created = c.request(&create, create_v)?;
@@ -456,14 +455,14 @@ fn missing_topic_or_partition_gets_unknown_topic_or_partition() -> Result<()> {
 /// Produces 200 records with rdkafka and reads them back, checking each.
 fn rdkafka_round_trip(broker: &BrokerProcess, topic: &str) -> Result<()> {
     let records: Vec<TestRecord> = (0..200).map(|i| TestRecord::numbered(0, i, 64)).collect();
-    let offsets = produce_acked(&broker.bootstrap(), topic, &records)
+    let offsets = produce_acked(broker.bootstrap(), topic, &records)
         .context("rdkafka produce after bad input")?;
     ensure!(
         offsets.iter().enumerate().all(|(i, &o)| o == (0, i as i64)),
         "offsets {:?}",
         &offsets[..5]
     );
-    let read = read_all(&broker.bootstrap(), topic, 1, Duration::from_secs(30))
+    let read = read_all(broker.bootstrap(), topic, 1, Duration::from_secs(30))
         .context("rdkafka consume after bad input")?;
     ensure!(
         read.len() == records.len(),
@@ -560,11 +559,11 @@ fn produce_with_acks_0_gets_no_answer() -> Result<()> {
         .with_timeout_ms(1000)
         .with_topic_data(vec![
             kafka_protocol::messages::produce_request::TopicProduceData::default()
-                .with_name(common::topic_name("acks0"))
+                .with_name(onceflow_testkit::raw::topic_name("acks0"))
                 .with_partition_data(vec![
                     kafka_protocol::messages::produce_request::PartitionProduceData::default()
                         .with_index(0)
-                        .with_records(Some(common::idempotent_batch(
+                        .with_records(Some(onceflow_testkit::raw::idempotent_batch(
                             -1,
                             -1,
                             -1,
@@ -590,7 +589,7 @@ fn produce_with_acks_0_gets_no_answer() -> Result<()> {
         err == error_code::NONE && hw == 2,
         "Fetch after acks=0: error {err}, high watermark {hw}"
     );
-    let values: Vec<String> = common::decode_values(bytes)?
+    let values: Vec<String> = onceflow_testkit::raw::decode_values(bytes)?
         .into_iter()
         .map(|(_, v)| v)
         .collect();

@@ -8,13 +8,13 @@
 //! (cleaned copy written, or swap file in place), restarts it on the same data dir, and checks
 //! the same result with no lost or duplicated offset.
 
-mod txn_support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use onceflow_testkit::broker_process::{BrokerProcess, Storage, TXN_DEBUG_LOG};
+use onceflow_testkit::clients::{assign, consumer_with, send_retrying, T};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -23,9 +23,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use txn_support::process::{wait_for_log, BrokerChild};
-use txn_support::T;
+use rdkafka::ClientContext;
 
 const TOPIC: &str = "compacted";
 const DELETE_RETENTION_MS: &str = "300";
@@ -86,16 +84,7 @@ impl Workload {
         if let Some(v) = &value {
             rec = rec.payload(v.as_bytes());
         }
-        loop {
-            match p.send(rec) {
-                Ok(()) => return,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    p.poll(Duration::from_millis(10));
-                    rec = r;
-                }
-                Err((e, _)) => panic!("send failed: {e}"),
-            }
-        }
+        send_retrying(p, rec);
     }
 
     /// `updates` updates of `keys` keys (every tenth a tombstone), an aborted and a committed
@@ -195,25 +184,8 @@ fn create_topic(bootstrap: &str) {
 /// Reads the partition from the beginning to the end of the log: offset -> (key, value);
 /// panics on a tombstone or a repeated offset.
 fn read_all(bootstrap: &str, read_committed: bool) -> BTreeMap<i64, (String, String)> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "compaction-reader")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set(
-            "isolation.level",
-            if read_committed {
-                "read_committed"
-            } else {
-                "read_uncommitted"
-            },
-        )
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(TOPIC, 0, Offset::Beginning)
-        .expect("tpl");
-    c.assign(&tpl).expect("assign");
+    let c = consumer_with(bootstrap, read_committed, true);
+    assign(&c, &[(TOPIC, 0)]);
     let mut out = BTreeMap::new();
     let mut last = -1;
     let deadline = Instant::now() + T;
@@ -284,20 +256,20 @@ fn settled_line(end: i64) -> String {
 fn compaction_keeps_the_latest_live_record_of_each_key_at_its_offset() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let broker = BrokerChild::spawn(&data, &["--log-cleaner-backoff-ms", "50"]);
-    create_topic(&broker.bootstrap);
+    let broker = BrokerProcess::durable_txn_debug(&data, &["--log-cleaner-backoff-ms", "50"]);
+    create_topic(broker.bootstrap());
     let mut w = Workload::default();
-    w.produce(&broker.bootstrap, 100_000, 1_000);
-    let end = log_end(&broker.bootstrap);
+    w.produce(broker.bootstrap(), 100_000, 1_000);
+    let end = log_end(broker.bootstrap());
     // The cleaner rolls the last segment after segment.ms and cleans up to the log end.
-    wait_for_log(&data, &settled_line(end), 1, Duration::from_secs(300));
+    broker.wait_for_log(&settled_line(end), 1, Duration::from_secs(300));
     let expected = w.expected();
     assert_eq!(
         expected.len(),
         900 + 100,
         "live keys: 900 k-keys and 100 t-keys"
     );
-    check(&broker.bootstrap, &expected);
+    check(broker.bootstrap(), &expected);
 }
 
 /// The failpoint's cleaned-copy file is on disk right now (the kill lands on that state).
@@ -313,19 +285,20 @@ fn has_file(dir: &Path, ext: &str) -> bool {
 fn crash_at(point: &str, ext: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let broker = BrokerChild::spawn_env(
-        &data,
-        &["--log-cleaner-backoff-ms", "50"],
-        &[("ONCEFLOW_TEST_CLEANER_FAILPOINT", point)],
-    );
-    create_topic(&broker.bootstrap);
+    let mut broker = BrokerProcess::builder(Storage::durable(&data))
+        .args(&["--log-cleaner-backoff-ms", "50"])
+        .env("ONCEFLOW_TEST_CLEANER_FAILPOINT", point)
+        .rust_log(TXN_DEBUG_LOG)
+        .spawn()
+        .expect("broker starts");
+    create_topic(broker.bootstrap());
     let mut w = Workload::default();
-    w.produce(&broker.bootstrap, 5_000, 200);
-    let end = log_end(&broker.bootstrap);
+    w.produce(broker.bootstrap(), 5_000, 200);
+    let end = log_end(broker.bootstrap());
     let line = format!("test failpoint: cleaner {}", point.replace('-', " "));
-    wait_for_log(&data, &line, 1, Duration::from_secs(120));
+    broker.wait_for_log(&line, 1, Duration::from_secs(120));
     assert!(has_file(&data, ext), "no .{ext} file at the failpoint");
-    broker.kill9();
+    broker.kill9().expect("kill -9 the broker");
 
     // Restart in process on the same data dir: the topic's configs (cleanup.policy=compact and
     // the cleaner settings of CreateTopics) come back from `topics.configs`.
@@ -391,10 +364,10 @@ fn kill9_at_cleaner_failpoints_then_restart_gives_the_same_log() {
 fn a_compacted_topic_refuses_records_without_a_key() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let broker = BrokerChild::spawn(&data, &[]);
-    create_topic(&broker.bootstrap);
+    let broker = BrokerProcess::durable_txn_debug(&data, &[]);
+    create_topic(broker.bootstrap());
     let p: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", &broker.bootstrap)
+        .set("bootstrap.servers", broker.bootstrap())
         .set("message.timeout.ms", "30000")
         .create()
         .expect("producer");
@@ -418,7 +391,7 @@ fn a_compacted_topic_refuses_records_without_a_key() {
     p.flush(T).expect("flush");
     // Only the keyed record is in the log.
     let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &broker.bootstrap)
+        .set("bootstrap.servers", broker.bootstrap())
         .create()
         .expect("consumer");
     let (_, high) = c.fetch_watermarks(TOPIC, 0, T).expect("watermarks");
@@ -447,11 +420,11 @@ impl ProducerContext for FailureCounts {
 #[test]
 fn a_refused_batch_names_its_keyless_records() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let broker = BrokerChild::spawn(&dir.path().join("data"), &[]);
-    create_topic(&broker.bootstrap);
+    let broker = BrokerProcess::durable_txn_debug(&dir.path().join("data"), &[]);
+    create_topic(broker.bootstrap());
     let counts = FailureCounts::default();
     let p: BaseProducer<FailureCounts> = ClientConfig::new()
-        .set("bootstrap.servers", &broker.bootstrap)
+        .set("bootstrap.servers", broker.bootstrap())
         .set("message.timeout.ms", "60000")
         .set("linger.ms", "30000")
         .set("batch.num.messages", "10")

@@ -3,16 +3,13 @@
 //! consumer, which finds them on its next metadata refresh), the error cases change nothing,
 //! and a durable broker keeps the new count across a kill -9.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
-use common::{
-    block_on, client_config, produce_acked, read_all, BrokerProcess, InProcessBroker, Storage,
-    TestRecord,
-};
 use onceflow_broker::BrokerConfig;
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::inproc::{block_on, InProcessBroker};
+use onceflow_testkit::records::{client_config, produce_acked, read_all, TestRecord};
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -252,20 +249,20 @@ fn durable_broker_keeps_new_partitions_across_kill_9() -> Result<()> {
         &["--no-auto-create-topics"],
     )?;
     let bs = broker.bootstrap();
-    let admin = admin(&bs)?;
+    let admin = admin(bs)?;
     create_topic(&admin, "kept", 1)?;
     assert_eq!(
         grow(&admin, &[NewPartitions::new("kept", 4)], false)?,
         vec![None]
     );
     let records: Vec<TestRecord> = (0..4).map(|p| TestRecord::numbered(p, 0, 32)).collect();
-    produce_acked(&bs, "kept", &records)?;
+    produce_acked(bs, "kept", &records)?;
     drop(admin);
 
     broker.restart()?;
     let bs = broker.bootstrap();
-    assert_eq!(partition_count(&bs, "kept")?, 4);
-    let read = read_all(&bs, "kept", 4, Duration::from_secs(60))?;
+    assert_eq!(partition_count(bs, "kept")?, 4);
+    let read = read_all(bs, "kept", 4, Duration::from_secs(60))?;
     for r in &records {
         ensure!(
             read.iter()

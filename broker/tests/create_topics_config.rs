@@ -2,16 +2,16 @@
 //! config name, a null value or a bad value is INVALID_CONFIG (40) for that topic only, also
 //! with validate_only; the topic configs clients commonly send are accepted.
 
-mod common;
-
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{block_on, client_config, InProcessBroker, RawClient};
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
 use kafka_protocol::messages::{CreateTopicsRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use onceflow_broker::BrokerConfig;
+use onceflow_testkit::inproc::{block_on, InProcessBroker};
+use onceflow_testkit::raw::RawClient;
+use onceflow_testkit::records::client_config;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -5,21 +5,18 @@
 //! (UNKNOWN_TOPIC_OR_PARTITION) and compacted topics (POLICY_VIOLATION). The new log start
 //! survives a restart.
 
-mod common;
-
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{
-    block_on, client_config, error_code, produce_acked, topic_name, InProcessBroker, RawClient,
-    TestRecord,
-};
 use kafka_protocol::messages::delete_records_request::{
     DeleteRecordsPartition, DeleteRecordsTopic,
 };
 use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 use onceflow_broker::storage::StorageConfig;
 use onceflow_broker::BrokerConfig;
+use onceflow_testkit::inproc::{block_on, InProcessBroker};
+use onceflow_testkit::raw::{error_code, topic_name, RawClient};
+use onceflow_testkit::records::{client_config, produce_acked, TestRecord};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -130,7 +127,7 @@ fn rdkafka_delete_records_makes_lower_offsets_unreadable() -> Result<()> {
         ensure!(code == error_code::OFFSET_OUT_OF_RANGE, "fetch 22: {code}");
         let (code, hw, records) = raw.fetch(11, topic, 0, 23)?;
         ensure!(code == error_code::NONE && hw == 40 && !records.is_empty());
-        let values = common::decode_values(records)?;
+        let values = onceflow_testkit::raw::decode_values(records)?;
         ensure!(values.iter().any(|(o, _)| *o == 23), "{values:?}");
     }
     let broker = broker(Some(dir.path().to_path_buf()))?;

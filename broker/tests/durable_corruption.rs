@@ -9,13 +9,10 @@
 //! naming the file, and the log, high watermark, producer states and aborted transactions come
 //! out exactly as before.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context as _, Result};
-use common::{BrokerProcess, Storage};
 use onceflow_broker::group::coordinator::OFFSETS_DIR;
 use onceflow_broker::group::offsets_log::{LogRecord as OffsetsRecord, OffsetsLog};
 use onceflow_broker::group::{CommittedOffset, OffsetStore, TopicPartition};
@@ -24,6 +21,7 @@ use onceflow_broker::storage::{FsyncPolicy, StorageConfig, Store};
 use onceflow_broker::txn::log::{LogRecord as TxnRecord, TxnLog, LOG_FILE};
 use onceflow_broker::txn::manager::TXN_DIR;
 use onceflow_broker::txn::{now_ms, TxnMetadata};
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
@@ -365,7 +363,7 @@ fn rdkafka_consumer_never_receives_a_batch_whose_crc_fails() -> Result<()> {
         f.write_all(&[byte[0] ^ 0x5a])?;
         f.sync_all()?;
     }
-    let consumer: BaseConsumer = common::client_config(&broker.bootstrap())
+    let consumer: BaseConsumer = onceflow_testkit::records::client_config(broker.bootstrap())
         .set("group.id", "durable-corruption")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")

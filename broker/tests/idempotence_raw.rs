@@ -4,14 +4,13 @@
 //! once; a sequence gap gets OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch gets
 //! INVALID_PRODUCER_EPOCH; and the producer state survives kill -9 and restart.
 
-mod common;
-
 use anyhow::{ensure, Context as _, Result};
-use common::{
-    decode_values, error_code, idempotent_batch, BrokerProcess, FetchRequest,
-    InitProducerIdRequest, MetadataRequest, ProduceRequest, RawClient, Storage, Versions,
-};
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::raw::{
+    decode_values, error_code, idempotent_batch, FetchRequest, InitProducerIdRequest,
+    MetadataRequest, ProduceRequest, RawClient, Versions,
+};
 
 struct Session {
     client: RawClient,

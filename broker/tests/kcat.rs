@@ -3,13 +3,13 @@
 //! `kcat -Q` (offset for a timestamp). Skips with a notice when kcat is not on PATH;
 //! `scripts/ci-setup.sh` installs it.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{find_on_path, run_bounded, BrokerProcess, Storage};
+use onceflow_testkit::bins::find_on_path;
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::child::run_bounded;
 
 const KCAT_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -4,17 +4,17 @@
 //! ListOffsets v7 also checks the answered timestamp is that record's. A zstd batch that
 //! inflates to gigabytes (a "zip bomb") gets an error without the broker's memory following it.
 
-mod common;
-
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{client_config, InProcessBroker, RawClient};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::{BrokerId, ListOffsetsRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::RecordBatchDecoder;
 use onceflow_broker::BrokerConfig;
+use onceflow_testkit::inproc::InProcessBroker;
+use onceflow_testkit::raw::RawClient;
+use onceflow_testkit::records::client_config;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};

@@ -8,7 +8,8 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use onceflow_broker::{BrokerConfig, BrokerHandle};
+use onceflow_broker::BrokerConfig;
+use onceflow_testkit::inproc::{block_on, InProcessBroker};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -53,55 +54,10 @@ impl rdkafka::producer::ProducerContext for Complaints {
 
 impl rdkafka::consumer::ConsumerContext for Complaints {}
 
-/// A broker on its own runtime so the test thread can block in rdkafka calls.
-struct TestBroker {
-    runtime: tokio::runtime::Runtime,
-    handle: Option<BrokerHandle>,
-}
-
-impl TestBroker {
-    fn start(config: BrokerConfig) -> Result<Self> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        let handle = runtime.block_on(onceflow_broker::start(config))?;
-        Ok(Self {
-            runtime,
-            handle: Some(handle),
-        })
-    }
-
-    fn handle(&self) -> &BrokerHandle {
-        self.handle.as_ref().expect("broker running")
-    }
-
-    fn bootstrap(&self) -> String {
-        self.handle().bootstrap_servers()
-    }
-}
-
-impl Drop for TestBroker {
-    fn drop(&mut self) {
-        if let Some(handle) = self.handle.take() {
-            self.runtime.block_on(handle.shutdown());
-        }
-    }
-}
-
 fn admin(bootstrap: &str) -> Result<AdminClient<DefaultClientContext>> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()?)
-}
-
-/// Runs an admin-client future (completed by librdkafka's threads) to completion.
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(f)
 }
 
 fn create_topics(bootstrap: &str, names: &[&str], partitions: i32) -> Result<()> {
@@ -323,7 +279,7 @@ fn check_list_offsets(bootstrap: &str, topics: &[&str]) -> Result<()> {
 fn round_trip(compression: &str, data_dir: Option<&std::path::Path>) -> Result<()> {
     let mut config = BrokerConfig::default();
     config.storage.data_dir = data_dir.map(|d| d.to_path_buf());
-    let broker = TestBroker::start(config)?;
+    let broker = InProcessBroker::start(config)?;
     let bootstrap = broker.bootstrap();
     let a = format!("pc-{compression}-a");
     let b = format!("pc-{compression}-b");
@@ -373,7 +329,7 @@ fn metadata_auto_creates_and_admin_paths_work() -> Result<()> {
         default_partitions: 3,
         ..BrokerConfig::default()
     };
-    let broker = TestBroker::start(config)?;
+    let broker = InProcessBroker::start(config)?;
     let bootstrap = broker.bootstrap();
     let admin = admin(&bootstrap)?;
 
@@ -397,7 +353,7 @@ fn metadata_auto_creates_and_admin_paths_work() -> Result<()> {
         .iter()
         .all(|p| p.leader() == 0 && p.replicas() == [0]));
     ensure!(md.brokers().len() == 1 && md.brokers()[0].id() == 0);
-    ensure!(md.brokers()[0].port() == i32::from(broker.handle().local_addr().port()));
+    ensure!(md.brokers()[0].port() == i32::from(broker.addr().port()));
 
     // CreateTopics: a new topic, then the same again.
     create_topics(&bootstrap, &["created"], 5)?;
@@ -476,7 +432,7 @@ fn no_auto_create_refuses_unknown_topics() -> Result<()> {
         auto_create_topics: false,
         ..BrokerConfig::default()
     };
-    let broker = TestBroker::start(config)?;
+    let broker = InProcessBroker::start(config)?;
     let admin = admin(&broker.bootstrap())?;
     let md = admin
         .inner()
@@ -499,7 +455,7 @@ fn prometheus_endpoint_answers() -> Result<()> {
         metrics_listen: Some("127.0.0.1:0".parse()?),
         ..BrokerConfig::default()
     };
-    let broker = TestBroker::start(config)?;
+    let broker = InProcessBroker::start(config)?;
     let admin = admin(&broker.bootstrap())?;
     admin
         .inner()

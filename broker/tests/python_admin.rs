@@ -5,12 +5,11 @@
 //! interpreter comes from `ONCEFLOW_PYTHON` or the workspace's `.venv/bin/python`; without
 //! it the test prints a SKIPPED line and passes.
 
-mod common;
-
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{kafka_python_with, run_python_script, BrokerProcess, Storage};
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::python::{kafka_python_with, run_python_script};
 
 #[test]
 fn kafka_python_grows_a_topic_and_aborts_a_hanging_transaction() -> Result<()> {

@@ -5,15 +5,13 @@
 //! workspace's `.venv/bin/python` (made by `scripts/ci-setup.sh`); without it the test skips
 //! with a notice.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
-use common::{
-    kafka_python, produce_acked, read_all, run_python_script, BrokerProcess, Storage, TestRecord,
-};
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::python::{kafka_python, run_python_script};
+use onceflow_testkit::records::{produce_acked, read_all, TestRecord};
 
 fn run_script(py: &Path, broker: &BrokerProcess, args: &[&str]) -> Result<String> {
     run_python_script(
@@ -39,7 +37,7 @@ fn kafka_python_produces_and_consumes() -> Result<()> {
     );
 
     // What kafka-python wrote is readable by rdkafka too (gzip batches stored as sent).
-    let read = read_all(&broker.bootstrap(), "py-topic", 1, Duration::from_secs(30))?;
+    let read = read_all(broker.bootstrap(), "py-topic", 1, Duration::from_secs(30))?;
     ensure!(
         read.len() == 500,
         "rdkafka read {} records written by kafka-python",
@@ -68,7 +66,7 @@ fn kafka_python_reads_what_rdkafka_wrote() -> Result<()> {
     };
     let broker = BrokerProcess::spawn(Storage::InMemory, &[])?;
     let records: Vec<TestRecord> = (0..300).map(|i| TestRecord::numbered(0, i, 64)).collect();
-    produce_acked(&broker.bootstrap(), "from-rdkafka", &records).context("rdkafka produce")?;
+    produce_acked(broker.bootstrap(), "from-rdkafka", &records).context("rdkafka produce")?;
     let out = run_script(&py, &broker, &["from-rdkafka", "300", "consume-only"])?;
     ensure!(out.contains("\"consumed\": 300"), "script printed: {out}");
     Ok(())

@@ -4,13 +4,12 @@
 //! restart. The interpreter comes from `ONCEFLOW_PYTHON` or `.venv/bin/python`; without it
 //! the test prints a SKIPPED line.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{kafka_python, run_python_script, BrokerProcess, Storage};
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::python::{kafka_python, run_python_script};
 
 fn run_script(py: &Path, broker: &BrokerProcess, topic: &str, mode: &str) -> Result<String> {
     run_python_script(

@@ -5,8 +5,6 @@
 //! A second test appends torn/garbage tails to the last segment file between runs: recovery must
 //! drop them, never serve them, and keep accepting writes.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,16 +12,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
-use common::{
-    idempotent_producer_with, produce_acked, read_all, send_all, Acks, BrokerProcess, Storage,
-    TestRecord,
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::records::{
+    idempotent_producer_with, produce_acked, read_all, send_all, Acks, TestRecord,
 };
 use rand::Rng;
 use rdkafka::producer::Producer;
 
 /// Checks the log read back against the delivery reports, record by record.
-fn verify(read: &[common::ReadRecord], records: &[TestRecord], acks: &Acks) -> Result<()> {
-    let mut at: HashMap<(i32, i64), &common::ReadRecord> = HashMap::new();
+fn verify(
+    read: &[onceflow_testkit::records::ReadRecord],
+    records: &[TestRecord],
+    acks: &Acks,
+) -> Result<()> {
+    let mut at: HashMap<(i32, i64), &onceflow_testkit::records::ReadRecord> = HashMap::new();
     let mut by_key: HashMap<&[u8], Vec<(i32, i64)>> = HashMap::new();
     let mut next: BTreeMap<i32, i64> = BTreeMap::new();
     for r in read {
@@ -145,7 +147,7 @@ fn kill_9_while_producing(
         segment_bytes,
     ];
     let mut broker = BrokerProcess::spawn(storage, &flags)?;
-    let bootstrap = broker.bootstrap();
+    let bootstrap = broker.bootstrap().to_string();
 
     let records: Vec<TestRecord> = (0..RECORDS)
         .map(|i| TestRecord::numbered(i as i32 % PARTITIONS, i as u64, 120))
@@ -234,7 +236,7 @@ fn kill_9_while_producing(
     // One more kill -9 after everything was acknowledged, then read back.
     broker.restart_same_port()?;
     let read = read_all(
-        &broker.bootstrap(),
+        broker.bootstrap(),
         topic,
         PARTITIONS,
         Duration::from_secs(60),
@@ -321,7 +323,7 @@ fn torn_tail_is_truncated_and_never_served() -> Result<()> {
         let batch: Vec<TestRecord> = (0..300)
             .map(|i| TestRecord::numbered(0, (round * 1000 + i) as u64, 80))
             .collect();
-        let offsets = produce_acked(&broker.bootstrap(), topic, &batch)?;
+        let offsets = produce_acked(broker.bootstrap(), topic, &batch)?;
         for (i, &(p, o)) in offsets.iter().enumerate() {
             ensure!(
                 p == 0 && o == (all.len() + i) as i64,
@@ -374,14 +376,13 @@ fn torn_tail_is_truncated_and_never_served() -> Result<()> {
         broker
             .restart()
             .with_context(|| format!("restart after {kind}"))?;
-        let read = read_all(&broker.bootstrap(), topic, 1, Duration::from_secs(30)).with_context(
-            || {
+        let read =
+            read_all(broker.bootstrap(), topic, 1, Duration::from_secs(30)).with_context(|| {
                 format!(
                     "read back after {kind}; broker log:\n{}",
                     broker.log_tail(4000)
                 )
-            },
-        )?;
+            })?;
         ensure!(
             read.len() == all.len(),
             "after {kind}: the log serves {} records, {} were acknowledged; broker log:\n{}",
@@ -408,14 +409,14 @@ fn torn_tail_is_truncated_and_never_served() -> Result<()> {
     let tail: Vec<TestRecord> = (0..200)
         .map(|i| TestRecord::numbered(0, 9_000_000 + i, 80))
         .collect();
-    let offsets = produce_acked(&broker.bootstrap(), topic, &tail)?;
+    let offsets = produce_acked(broker.bootstrap(), topic, &tail)?;
     ensure!(
         offsets[0] == (0, all.len() as i64),
         "first record after recovery acked at {:?}",
         offsets[0]
     );
     all.extend(tail);
-    let read = read_all(&broker.bootstrap(), topic, 1, Duration::from_secs(30))?;
+    let read = read_all(broker.bootstrap(), topic, 1, Duration::from_secs(30))?;
     ensure!(
         read.len() == all.len(),
         "final log holds {} records, expected {}",
@@ -445,7 +446,7 @@ fn sigterm_flushes_and_exits_cleanly() -> Result<()> {
     let records: Vec<TestRecord> = (0..2_000)
         .map(|i| TestRecord::numbered(i as i32 % 2, i, 100))
         .collect();
-    let offsets = produce_acked(&broker.bootstrap(), topic, &records)?;
+    let offsets = produce_acked(broker.bootstrap(), topic, &records)?;
     let status = broker.terminate(Duration::from_secs(15))?;
     ensure!(
         status.success(),
@@ -453,7 +454,7 @@ fn sigterm_flushes_and_exits_cleanly() -> Result<()> {
         broker.log_tail(3000)
     );
     broker.restart()?;
-    let read = read_all(&broker.bootstrap(), topic, 2, Duration::from_secs(30))?;
+    let read = read_all(broker.bootstrap(), topic, 2, Duration::from_secs(30))?;
     ensure!(
         read.len() == records.len(),
         "{} of {} records after SIGTERM and restart",

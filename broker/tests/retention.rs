@@ -4,15 +4,14 @@
 //! `auto.offset.reset`; retention never passes an open transaction's first offset; configs
 //! and the log start survive a restart. Every wait polls a condition with a generous bound.
 
-mod common;
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use common::{block_on, client_config, produce_acked, InProcessBroker, TestRecord};
 use onceflow_broker::storage::StorageConfig;
 use onceflow_broker::BrokerConfig;
+use onceflow_testkit::inproc::{block_on, InProcessBroker};
+use onceflow_testkit::records::{client_config, produce_acked, TestRecord};
 use rdkafka::admin::{
     AdminClient, AdminOptions, AlterConfig, ConfigSource, NewTopic, ResourceSpecifier,
     TopicReplication,

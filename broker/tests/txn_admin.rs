@@ -7,15 +7,11 @@
 //! transaction log) and aborts it the same way. A third throws array-count bombs at every
 //! admin API: each closes only its own connection.
 
-mod common;
-mod txn_support;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use bytes::{BufMut, BytesMut};
-use common::{BrokerProcess, InProcessBroker, RawClient, Storage};
 use kafka_protocol::messages::describe_producers_request::TopicRequest;
 use kafka_protocol::messages::describe_producers_response::ProducerState;
 use kafka_protocol::messages::describe_transactions_response::TransactionState as Described;
@@ -29,10 +25,13 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 use onceflow_broker::BrokerConfig;
+use onceflow_testkit::broker_process::{BrokerProcess, Storage};
+use onceflow_testkit::clients::{consumer, flush, plain_producer, send, txn_producer, T};
+use onceflow_testkit::inproc::InProcessBroker;
+use onceflow_testkit::raw::RawClient;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, Producer};
-use txn_support::{consumer, flush, plain_producer, send, txn_producer, T};
 
 const TOPIC: &str = "txadm";
 const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
@@ -324,8 +323,8 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
         &["--default-partitions", "1"],
     )?;
     let bs = broker.bootstrap();
-    let kept = one_txn(&bs, "kept", "kept-committed", &[0], Some(true));
-    let open = one_txn(&bs, "lost", "lost-open", &[0], None);
+    let kept = one_txn(bs, "kept", "kept-committed", &[0], Some(true));
+    let open = one_txn(bs, "lost", "lost-open", &[0], None);
     let mut raw = RawClient::connect(broker.addr())?;
     let d = describe_txns(&mut raw, &["lost"])?;
     let (pid, epoch) = (d[0].producer_id.0, d[0].producer_epoch);
@@ -369,7 +368,7 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
         .collect();
     assert_eq!(committed, vec![0], "{parts:?}");
 
-    let plain = plain_producer(&bs);
+    let plain = plain_producer(bs);
     send(&plain, TOPIC, 0, "after-lost");
     flush(&plain);
     // An older epoch than the partition's is refused; the producer's own epoch aborts.
@@ -385,7 +384,7 @@ fn hanging_transaction_unknown_to_the_coordinator_is_aborted_by_marker() -> Resu
         "{parts:?}"
     );
 
-    let read = read_committed_until(&bs, &[(TOPIC, 0)], &["after-lost"])?;
+    let read = read_committed_until(bs, &[(TOPIC, 0)], &["after-lost"])?;
     assert_eq!(read, vec!["kept-committed", "after-lost"]);
     Ok(())
 }

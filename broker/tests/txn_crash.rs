@@ -2,16 +2,14 @@
 //! PrepareCommit: after a restart on the same data dir the prepared one is complete and
 //! visible, the open one is aborted at its timeout, and group offsets are intact.
 
-mod txn_support;
-
 use std::time::Duration;
 
+use onceflow_testkit::broker_process::BrokerProcess;
+use onceflow_testkit::clients::*;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
-use txn_support::process::{wait_for_log, BrokerChild};
-use txn_support::*;
 
 fn group_consumer(bs: &str, group: &str) -> BaseConsumer {
     ClientConfig::new()
@@ -29,8 +27,8 @@ fn kill9_after_prepare_commit_and_with_an_open_transaction() {
     let data = dir.path().join("data");
     // Failpoint: every commit's markers wait 8 s after its PrepareCommit is durable (and the
     // broker logs that moment), so the kill below lands between the two.
-    let broker = BrokerChild::spawn(&data, &["--txn-marker-delay-ms", "8000"]);
-    let bs = broker.bootstrap.clone();
+    let mut broker = BrokerProcess::durable_txn_debug(&data, &["--txn-marker-delay-ms", "8000"]);
+    let bs = broker.bootstrap().to_string();
 
     // A committed transaction carrying group offsets (survives the crash).
     let plain = plain_producer(&bs);
@@ -68,16 +66,15 @@ fn kill9_after_prepare_commit_and_with_an_open_transaction() {
     });
     // The second commit's PrepareCommit is durable once the broker logs the failpoint for the
     // second time (the first was the offsets transaction's): kill it there.
-    wait_for_log(
-        &data,
+    broker.wait_for_log(
         "test failpoint: delaying markers",
         2,
         Duration::from_secs(120),
     );
-    broker.kill9();
+    broker.kill9().expect("kill -9 the broker");
 
-    let restarted = BrokerChild::spawn(&data, &[]);
-    let bs = restarted.bootstrap.clone();
+    let restarted = BrokerProcess::durable_txn_debug(&data, &[]);
+    let bs = restarted.bootstrap().to_string();
     let rc = consumer(&bs, true, &[("crash", 0)]);
     let first = poll_records(&rc, 3, Duration::from_millis(300));
     assert_eq!(

@@ -1,13 +1,12 @@
 //! Transaction metrics on the Prometheus endpoint: open transactions, duration, aborts by
 //! cause, LSO lag.
 
-mod txn_support;
-
 use std::io::{Read, Write};
 use std::time::Duration;
 
+use onceflow_testkit::clients::*;
+use onceflow_testkit::inproc::start_with;
 use rdkafka::producer::Producer;
-use txn_support::*;
 
 fn scrape(addr: std::net::SocketAddr) -> String {
     let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");

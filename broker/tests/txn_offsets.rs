@@ -1,16 +1,15 @@
 //! Consume-transform-produce with send_offsets_to_transaction (rdkafka): the group's
 //! committed offsets move only with committed transactions.
 
-mod txn_support;
-
 use std::time::{Duration, Instant};
 
+use onceflow_testkit::clients::*;
+use onceflow_testkit::inproc::start_broker;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
-use txn_support::*;
 
 fn committed(c: &BaseConsumer, topic: &str) -> Option<i64> {
     let mut tpl = TopicPartitionList::new();

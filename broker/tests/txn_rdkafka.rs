@@ -2,12 +2,11 @@
 //! several partitions of two topics, the LSO experiment from the seed documents, fencing,
 //! timeouts and a late commit.
 
-mod txn_support;
-
 use std::time::Duration;
 
+use onceflow_testkit::clients::*;
+use onceflow_testkit::inproc::{start_broker, start_with};
 use rdkafka::producer::Producer;
-use txn_support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn committed_visible_aborted_invisible_offsets_not_reused() {

@@ -2,19 +2,19 @@
 //! a separate raw client holding its transactional id, producer id and epoch (learnt from
 //! librdkafka's statistics `eos` object), as a two-phase-commit sink's recovery does.
 
-mod txn_support;
-
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use onceflow_testkit::child::Proc;
+use onceflow_testkit::clients::*;
+use onceflow_testkit::inproc::start_broker;
+use onceflow_testkit::raw;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use rdkafka::statistics::Statistics;
-use txn_support::process::first_line;
-use txn_support::*;
 
 const CHILD_ENV: &str = "ONCEFLOW_TXN_CHILD_BOOTSTRAP";
 
@@ -83,20 +83,19 @@ async fn resume_prepared_transaction_from_another_client() {
     let broker = start_broker(1).await;
     let bs = broker.bootstrap_servers();
     let (before, code, retry, after) = tokio::task::spawn_blocking(move || {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "--exact",
-                "child_prepared_producer",
-                "--ignored",
-                "--nocapture",
-            ])
-            .env(CHILD_ENV, &bs)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn child producer");
-        let line = first_line(&mut child, "PREPARED ");
-        child.kill().expect("kill -9 the producer process");
-        let _ = child.wait();
+        let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+        cmd.args([
+            "--exact",
+            "child_prepared_producer",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, &bs);
+        let mut child = Proc::spawn_quiet("child producer", cmd);
+        let line = child
+            .wait_line(Duration::from_secs(120), |l| l.starts_with("PREPARED "))
+            .expect("the child printed its PREPARED line in time");
+        child.kill9();
         let parts: Vec<&str> = line.split_whitespace().collect();
         let (txn_id, pid, epoch): (&str, i64, i16) = (
             parts[1],
@@ -106,9 +105,12 @@ async fn resume_prepared_transaction_from_another_client() {
         let rc = consumer(&bs, true, &[("resume", 0)]);
         let before = poll_for(&rc, Duration::from_millis(1500));
         // A wrong epoch is refused; the right triple commits; a retry answers success.
-        assert_ne!(raw::end_txn(&bs, txn_id, pid, epoch + 1, true), 0);
-        let code = raw::end_txn(&bs, txn_id, pid, epoch, true);
-        let retry = raw::end_txn(&bs, txn_id, pid, epoch, true);
+        assert_ne!(
+            raw::end_txn(&bs, txn_id, pid, epoch + 1, true).expect("EndTxn"),
+            0
+        );
+        let code = raw::end_txn(&bs, txn_id, pid, epoch, true).expect("EndTxn");
+        let retry = raw::end_txn(&bs, txn_id, pid, epoch, true).expect("EndTxn");
         let after = poll_records(&rc, 5, Duration::from_millis(300));
         (before, code, retry, after)
     })

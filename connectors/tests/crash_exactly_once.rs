@@ -8,24 +8,22 @@
 //! checkpoint, and that subtask holds the next checkpoint open until the kill, so the restart
 //! replays records that are already in the output whatever the machine's speed.
 
-mod crash_support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crash_support::{
-    announce_checkpoint, announce_done, child_command, kill_repeatedly, next_event,
-    spawn_with_events, EVENT_TIMEOUT,
-};
 use onceflow_connectors::{read_committed_lines, FileSink, FileSinkMode, Generator};
 use onceflow_operators::KeyBy;
 use onceflow_runtime::{
     async_trait, CheckpointEvent, CheckpointId, JobConfig, RestoreMode, Result as JobResult, Sink,
     SinkFactory, StreamEnvironment, SubtaskInfo,
+};
+use onceflow_testkit::child::Proc;
+use onceflow_testkit::jobs::{
+    announce_checkpoint, announce_done, child_command, kill_repeatedly, next_event,
+    spawn_with_events, EVENT_TIMEOUT,
 };
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -178,17 +176,12 @@ fn crash_child_job() {
     announce_done(&r);
 }
 
-fn spawn_child(dir: &Path, mode: &str) -> (Child, mpsc::Receiver<String>) {
+fn spawn_child(dir: &Path, mode: &str) -> Proc {
     spawn_child_with(dir, mode, false, 2)
 }
 
 /// Starts the job; `parallelism` may differ from run to run (state is rescaled on restore).
-fn spawn_child_with(
-    dir: &Path,
-    mode: &str,
-    full_speed: bool,
-    parallelism: usize,
-) -> (Child, mpsc::Receiver<String>) {
+fn spawn_child_with(dir: &Path, mode: &str, full_speed: bool, parallelism: usize) -> Proc {
     let mut cmd = child_command("crash_child_job");
     cmd.env("ONCEFLOW_CRASH_PARALLELISM", parallelism.to_string());
     if full_speed {
@@ -202,8 +195,8 @@ fn spawn_child_with(
     spawn_with_events(cmd)
 }
 
-fn wait_event(rx: &mpsc::Receiver<String>, prefix: &str, timeout: Duration) -> bool {
-    next_event(rx, prefix, timeout).is_some()
+fn wait_event(job: &mut Proc, prefix: &str, timeout: Duration) -> bool {
+    next_event(job, prefix, timeout).is_some()
 }
 
 /// Runs the job with `kills` SIGKILLs, then to completion; returns the kill count.
@@ -228,15 +221,16 @@ fn run_with_kills(dir: &Path, mode: &str, kills: usize) -> usize {
         "{kills} kills in {:?}; running to completion",
         started.elapsed()
     );
-    let (mut child, rx) = spawn_child_with(dir, mode, true, 2);
+    let mut child = spawn_child_with(dir, mode, true, 2);
     let deadline = Instant::now() + FINAL_RUN_TIMEOUT;
-    let done_line = next_event(&rx, "done", FINAL_RUN_TIMEOUT).expect("final run did not finish");
+    let done_line =
+        next_event(&mut child, "done", FINAL_RUN_TIMEOUT).expect("final run did not finish");
     assert!(
         done_line.contains("restored_from=Some("),
         "the final run must restore from a checkpoint: {done_line}"
     );
     loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
+        if let Some(status) = child.try_status() {
             assert!(status.success(), "final run failed: {status}");
             break;
         }
@@ -377,18 +371,23 @@ fn crash_at_least_once_sink_shows_duplicates() {
         cmd.env("ONCEFLOW_CRASH_DIR", dir.path())
             .env("ONCEFLOW_CRASH_MODE", "at-least-once")
             .env("ONCEFLOW_CRASH_HOLD_AFTER_FLUSH", "1");
-        let (mut child, rx) = spawn_with_events(cmd);
-        let flushed = next_event(&rx, "flushed-beyond", EVENT_TIMEOUT);
-        child.kill().expect("SIGKILL child");
-        let _ = child.wait();
+        let mut child = spawn_with_events(cmd);
+        let flushed = next_event(&mut child, "flushed-beyond", EVENT_TIMEOUT);
+        child.kill9();
         let flushed = flushed.unwrap_or_else(|| {
             panic!("run {k}: the job never flushed records beyond a completed checkpoint")
         });
         eprintln!("kill {k} after `{flushed}`");
     }
-    let (mut child, rx) = spawn_child_with(dir.path(), "at-least-once", true, 2);
-    let done = next_event(&rx, "done", FINAL_RUN_TIMEOUT).expect("final run did not finish");
-    assert!(child.wait().expect("wait").success(), "final run failed");
+    let mut child = spawn_child_with(dir.path(), "at-least-once", true, 2);
+    let done = next_event(&mut child, "done", FINAL_RUN_TIMEOUT).expect("final run did not finish");
+    assert!(
+        child
+            .wait_exit(EVENT_TIMEOUT)
+            .expect("the job exits")
+            .success(),
+        "final run failed"
+    );
     assert!(done.contains("restored_from=Some("), "{done}");
     let err = check_output(dir.path(), true).expect_err(
         "an at-least-once sink must duplicate the records it flushed past the restored checkpoint",
@@ -399,17 +398,20 @@ fn crash_at_least_once_sink_shows_duplicates() {
 #[test]
 fn sigterm_stops_with_a_final_checkpoint_and_commit() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut child, rx) = spawn_child(dir.path(), "sigterm");
+    let mut child = spawn_child(dir.path(), "sigterm");
     for _ in 0..3 {
-        assert!(wait_event(&rx, "completed", EVENT_TIMEOUT), "no checkpoint");
+        assert!(
+            wait_event(&mut child, "completed", EVENT_TIMEOUT),
+            "no checkpoint"
+        );
     }
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.pid().to_string()])
         .status()
         .expect("run kill");
     assert!(status.success());
-    let done = next_event(&rx, "done", EVENT_TIMEOUT).expect("job did not stop");
-    let exit = child.wait().expect("wait");
+    let done = next_event(&mut child, "done", EVENT_TIMEOUT).expect("job did not stop");
+    let exit = child.wait_exit(EVENT_TIMEOUT).expect("the job exits");
     assert!(exit.success(), "{exit}");
     assert!(done.contains("failed=0"), "{done}");
     let lines = read_committed_lines(&dir.path().join("out")).expect("output");

@@ -3,14 +3,13 @@
 //! restored position whose records were deleted before they were read stops the source with
 //! DATA LOSS naming the partition and the offsets, instead of skipping them.
 
-mod kafka_support;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use kafka_support::{broker, info, produce};
 use onceflow_connectors::kafka::{Decoder, KafkaMessage, KafkaSource};
 use onceflow_runtime::{Source, SourceFactory, SourcePoll};
+use onceflow_testkit::clients::produce_values;
+use onceflow_testkit::inproc::{start_broker, subtask_info};
 
 async fn poll_n<S: Source<KafkaMessage>>(s: &mut S, n: usize) -> Vec<KafkaMessage> {
     let mut out = Vec::new();
@@ -28,15 +27,15 @@ async fn poll_n<S: Source<KafkaMessage>>(s: &mut S, n: usize) -> Vec<KafkaMessag
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn positions_restore_and_partitions_split() {
-    let b = broker(4).await;
+    let b = start_broker(4).await;
     let brokers = b.bootstrap_servers();
     let values: Vec<String> = (0..200).map(|i| format!("v{i}")).collect();
-    produce(&brokers, "src", 4, &values);
+    produce_values(&brokers, "src", 4, &values);
 
     // two subtasks: partitions {0, 2} and {1, 3}
     let factory = KafkaSource::new(brokers.clone(), "src", Decoder::raw());
-    let mut s0 = factory.create(&info(0, 2, 0)).expect("create 0");
-    let mut s1 = factory.create(&info(1, 2, 0)).expect("create 1");
+    let mut s0 = factory.create(&subtask_info(0, 2, 0)).expect("create 0");
+    let mut s1 = factory.create(&subtask_info(1, 2, 0)).expect("create 1");
     let first0 = poll_n(&mut s0, 60).await;
     let first1 = poll_n(&mut s1, 40).await;
     assert_eq!(first0.len(), 60);
@@ -48,7 +47,9 @@ async fn positions_restore_and_partitions_split() {
     drop((s0, s1));
 
     // restore at parallelism 1 from both old positions: exactly the rest
-    let mut r = factory.create(&info(0, 1, 1)).expect("create restored");
+    let mut r = factory
+        .create(&subtask_info(0, 1, 1))
+        .expect("create restored");
     r.restore(vec![pos0, pos1]).expect("restore");
     let rest = poll_n(&mut r, 100).await;
     assert_eq!(rest.len(), 100);
@@ -71,13 +72,13 @@ async fn input_deleted_before_it_was_read_is_data_loss_not_a_silent_skip() {
     use rdkafka::client::DefaultClientContext;
     use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-    let b = broker(1).await;
+    let b = start_broker(1).await;
     let brokers = b.bootstrap_servers();
     let values: Vec<String> = (0..200).map(|i| format!("v{i}")).collect();
-    produce(&brokers, "gone", 1, &values);
+    produce_values(&brokers, "gone", 1, &values);
 
     let factory = KafkaSource::new(brokers.clone(), "gone", Decoder::raw());
-    let mut s = factory.create(&info(0, 1, 0)).expect("create");
+    let mut s = factory.create(&subtask_info(0, 1, 0)).expect("create");
     let first = poll_n(&mut s, 20).await;
     assert_eq!(first.len(), 20);
     let pos = s.snapshot_position(1).expect("snapshot");
@@ -100,7 +101,9 @@ async fn input_deleted_before_it_was_read_is_data_loss_not_a_silent_skip() {
         Some(Offset::Offset(100))
     );
 
-    let mut r = factory.create(&info(0, 1, 1)).expect("create restored");
+    let mut r = factory
+        .create(&subtask_info(0, 1, 1))
+        .expect("create restored");
     r.restore(vec![pos]).expect("restore");
     let deadline = Instant::now() + Duration::from_secs(60);
     let err = loop {

@@ -3,13 +3,12 @@
 //! transaction exactly once (also when recovery runs twice); recovery of an aborted
 //! transaction fails loudly naming the checkpoint; a too short transaction timeout is refused.
 
-mod kafka_support;
-
 use std::time::Duration;
 
-use kafka_support::{broker, info, read_committed};
 use onceflow_connectors::kafka::{committer, KafkaPending, KafkaSink, KafkaSinkConfig, SinkRecord};
 use onceflow_runtime::{Sink, SinkFactory};
+use onceflow_testkit::clients::read_committed_values;
+use onceflow_testkit::inproc::{start_broker, subtask_info};
 
 fn records(from: usize, n: usize) -> Vec<SinkRecord> {
     (from..from + n)
@@ -36,10 +35,10 @@ fn sink(brokers: &str, topic: &str, prefix: &str) -> KafkaSink {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invisible_until_commit() {
-    let b = broker(2).await;
+    let b = start_broker(2).await;
     let brokers = b.bootstrap_servers();
     let factory = sink(&brokers, "out1", "t1");
-    let mut w = factory.create(&info(0, 1, 0)).expect("create");
+    let mut w = factory.create(&subtask_info(0, 1, 0)).expect("create");
     w.recover(Vec::new()).await.expect("recover");
     w.write_batch(records(0, 50)).await.expect("write");
     let p = w.pre_commit(1).await.expect("pre_commit").expect("pending");
@@ -52,24 +51,24 @@ async fn invisible_until_commit() {
     // written after the barrier: belongs to the next transaction
     w.write_batch(records(50, 10)).await.expect("write");
     assert!(
-        read_committed(&brokers, "out1", 2).is_empty(),
+        read_committed_values(&brokers, "out1").is_empty(),
         "visible before commit"
     );
     w.commit(1, p).await.expect("commit");
-    let seen = read_committed(&brokers, "out1", 2);
+    let seen = read_committed_values(&brokers, "out1");
     assert_eq!(seen.len(), 50, "exactly checkpoint 1's records");
     let p2 = w.pre_commit(2).await.expect("pre_commit").expect("pending");
     w.commit(2, p2).await.expect("commit");
-    assert_eq!(read_committed(&brokers, "out1", 2).len(), 60);
+    assert_eq!(read_committed_values(&brokers, "out1").len(), 60);
     b.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_commits_a_crashed_sinks_transaction_once() {
-    let b = broker(2).await;
+    let b = start_broker(2).await;
     let brokers = b.bootstrap_servers();
     let factory = sink(&brokers, "out2", "t2");
-    let mut w = factory.create(&info(0, 1, 0)).expect("create");
+    let mut w = factory.create(&subtask_info(0, 1, 0)).expect("create");
     w.recover(Vec::new()).await.expect("recover");
     w.write_batch(records(0, 40)).await.expect("write");
     let p = w.pre_commit(1).await.expect("pre_commit").expect("pending");
@@ -83,9 +82,9 @@ async fn recovery_commits_a_crashed_sinks_transaction_once() {
 
     // restart from checkpoint 1 (a new factory, as in a new process)
     let factory = sink(&brokers, "out2", "t2");
-    let mut r = factory.create(&info(0, 1, 1)).expect("create");
+    let mut r = factory.create(&subtask_info(0, 1, 1)).expect("create");
     r.recover(vec![p.clone()]).await.expect("recovery commit");
-    let seen = read_committed(&brokers, "out2", 2);
+    let seen = read_committed_values(&brokers, "out2");
     assert_eq!(
         seen.len(),
         40,
@@ -94,22 +93,22 @@ async fn recovery_commits_a_crashed_sinks_transaction_once() {
     drop(r);
     // crash again before any new checkpoint: recovery of the same checkpoint is idempotent
     let factory = sink(&brokers, "out2", "t2");
-    let mut r = factory.create(&info(0, 1, 1)).expect("create");
+    let mut r = factory.create(&subtask_info(0, 1, 1)).expect("create");
     r.recover(vec![p]).await.expect("second recovery");
     r.write_batch(records(40, 10)).await.expect("write");
     let p3 = r.pre_commit(3).await.expect("pre_commit").expect("pending");
     r.commit(3, p3).await.expect("commit");
-    let seen = read_committed(&brokers, "out2", 2);
+    let seen = read_committed_values(&brokers, "out2");
     assert_eq!(seen.len(), 50);
     b.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_of_an_aborted_transaction_fails_loudly() {
-    let b = broker(1).await;
+    let b = start_broker(1).await;
     let brokers = b.bootstrap_servers();
     let factory = sink(&brokers, "out3", "t3");
-    let mut w = factory.create(&info(0, 1, 0)).expect("create");
+    let mut w = factory.create(&subtask_info(0, 1, 0)).expect("create");
     w.recover(Vec::new()).await.expect("recover");
     w.write_batch(records(0, 10)).await.expect("write");
     let p = w.pre_commit(7).await.expect("pre_commit").expect("pending");
@@ -125,11 +124,11 @@ async fn recovery_of_an_aborted_transaction_fails_loudly() {
             .expect("EndTxn abort");
     assert_eq!(code, 0);
     let factory = sink(&brokers, "out3", "t3");
-    let mut r = factory.create(&info(0, 1, 7)).expect("create");
+    let mut r = factory.create(&subtask_info(0, 1, 7)).expect("create");
     let err = r.recover(vec![p]).await.expect_err("must fail").to_string();
     assert!(err.contains("DATA LOSS"), "{err}");
     assert!(err.contains("checkpoint 7"), "{err}");
-    assert!(read_committed(&brokers, "out3", 1).is_empty());
+    assert!(read_committed_values(&brokers, "out3").is_empty());
     b.shutdown().await;
 }
 
@@ -141,7 +140,7 @@ fn a_timeout_shorter_than_the_interval_is_refused() {
             .checkpoint_interval(Duration::from_secs(1)),
     );
     let err = factory
-        .create(&info(0, 1, 0))
+        .create(&subtask_info(0, 1, 0))
         .err()
         .expect("refused")
         .to_string();
@@ -151,7 +150,7 @@ fn a_timeout_shorter_than_the_interval_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_committer_tries_every_bootstrap_server() {
-    let b = broker(1).await;
+    let b = start_broker(1).await;
     let brokers = b.bootstrap_servers();
     // port 1 on loopback refuses connections: a dead first server
     let dead = "127.0.0.1:1";
@@ -175,7 +174,7 @@ async fn recovery_committer_tries_every_bootstrap_server() {
 fn two_phase_commit_without_a_seal_decision_is_refused() {
     let factory = KafkaSink::new(KafkaSinkConfig::new("127.0.0.1:1", "x"));
     let err = factory
-        .create(&info(0, 1, 0))
+        .create(&subtask_info(0, 1, 0))
         .err()
         .expect("refused")
         .to_string();
@@ -183,6 +182,6 @@ fn two_phase_commit_without_a_seal_decision_is_refused() {
     assert!(err.contains("KafkaJob"), "{err}");
     assert!(KafkaSink::new(KafkaSinkConfig::new("127.0.0.1:1", "x"))
         .without_seal()
-        .create(&info(0, 1, 0))
+        .create(&subtask_info(0, 1, 0))
         .is_ok());
 }

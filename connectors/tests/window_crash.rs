@@ -8,22 +8,19 @@
 //! the last sixth of the input (`Generator::pause_at`), so it cannot finish before its kill on
 //! a fast machine; the final run reads the rest.
 
-mod crash_support;
-
 use std::path::Path;
-use std::process::Child;
-use std::sync::mpsc;
 use std::time::Duration;
 
-use crash_support::{
-    announce_checkpoint, announce_done, child_command, kill_repeatedly, next_event,
-    spawn_with_events,
-};
 use onceflow_connectors::{read_committed_lines, FileSink, Generator};
 use onceflow_operators::window::{AggregateFunction, WindowAssigner, WindowResult};
 use onceflow_operators::{KeyBy, Map};
 use onceflow_runtime::{
     JobConfig, RestoreMode, SourceWatermarks, StreamEnvironment, WatermarkStrategy,
+};
+use onceflow_testkit::child::Proc;
+use onceflow_testkit::jobs::{
+    announce_checkpoint, announce_done, child_command, kill_repeatedly, next_event,
+    spawn_with_events, EVENT_TIMEOUT,
 };
 use serde::{Deserialize, Serialize};
 
@@ -142,7 +139,7 @@ fn window_crash_child_job() {
 
 /// Starts the job; a run that is going to be killed (`to_be_killed`) holds back the last
 /// sixth of the input, so it cannot end before its kill however fast the machine is.
-fn spawn_child(dir: &Path, to_be_killed: bool) -> (Child, mpsc::Receiver<String>) {
+fn spawn_child(dir: &Path, to_be_killed: bool) -> Proc {
     let mut cmd = child_command("window_crash_child_job");
     cmd.env("ONCEFLOW_WINDOW_CRASH_DIR", dir);
     if to_be_killed {
@@ -156,9 +153,10 @@ fn spawn_child(dir: &Path, to_be_killed: bool) -> (Child, mpsc::Receiver<String>
 
 /// Runs the job to completion in `dir` and returns the final run's `done` line.
 fn run_to_completion(dir: &Path) -> String {
-    let (mut child, rx) = spawn_child(dir, false);
-    let done = next_event(&rx, "done", Duration::from_secs(300)).expect("run did not finish");
-    let status = child.wait().expect("wait");
+    let mut child = spawn_child(dir, false);
+    let done =
+        next_event(&mut child, "done", Duration::from_secs(300)).expect("run did not finish");
+    let status = child.wait_exit(EVENT_TIMEOUT).expect("the job exits");
     assert!(status.success(), "run failed: {status}");
     done
 }

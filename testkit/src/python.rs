@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 
-use super::{run_bounded, workspace_root, BrokerProcess};
+use crate::bins::workspace_root;
+use crate::broker_process::BrokerProcess;
+use crate::child::run_bounded;
 
 /// The interpreter, if it exists and imports `kafka`.
 pub fn kafka_python() -> Option<PathBuf> {
@@ -41,9 +43,7 @@ pub fn run_python_script(
     args: &[&str],
     timeout: Duration,
 ) -> Result<String> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/python")
-        .join(script);
+    let path = workspace_root().join("broker/tests/python").join(script);
     let mut cmd = Command::new(py);
     cmd.arg(path).arg(broker.bootstrap()).args(args);
     let (status, stdout, stderr) = run_bounded(&mut cmd, None, timeout)?;

@@ -5,10 +5,12 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use onceflow::connectors::kafka::KafkaPosition;
-use onceflow::runtime::checkpoint::restore::load_checkpoint;
-use onceflow::runtime::checkpoint::{CheckpointStorage, LocalDirStorage};
-use onceflow::runtime::state::format::decode;
+use onceflow_connectors::kafka::KafkaPosition;
+use onceflow_runtime::checkpoint::restore::load_checkpoint;
+use onceflow_runtime::checkpoint::{CheckpointStorage, LocalDirStorage};
+use onceflow_runtime::state::format::decode;
+
+use crate::clients::read_topic;
 
 /// Ids of the complete checkpoints in `dir` (metadata durable), ascending.
 pub fn complete_checkpoints(dir: &Path) -> Vec<u64> {
@@ -60,7 +62,7 @@ pub fn source_positions(dir: &Path, id: u64, topic: &str) -> HashMap<i32, i64> {
 
 /// Where every valid input record sits: id -> (partition, offset), read from `topic`.
 pub fn input_offsets(bootstrap: &str, topic: &str) -> HashMap<u64, (i32, i64)> {
-    super::read_topic(bootstrap, topic, true)
+    read_topic(bootstrap, topic, true)
         .into_iter()
         .filter_map(|c| {
             let v: serde_json::Value = serde_json::from_slice(&c.value).ok()?;

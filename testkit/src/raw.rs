@@ -1,9 +1,11 @@
 //! A raw Kafka client over a blocking `TcpStream` using the kafka-protocol crate's encoders,
-//! with typed helpers for the requests the conformance tests send byte-exactly.
+//! with typed helpers for the requests the conformance tests send byte-exactly and the ones a
+//! two-phase-commit committer sends itself (FindCoordinator, EndTxn).
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -13,13 +15,12 @@ use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::produce_response::PartitionProduceResponse;
 pub use kafka_protocol::messages::{
-    ApiVersionsRequest, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse,
-    InitProducerIdRequest, InitProducerIdResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
+    ApiVersionsRequest, ApiVersionsResponse, BrokerId, EndTxnRequest, FetchRequest, FetchResponse,
+    FindCoordinatorRequest, InitProducerIdRequest, InitProducerIdResponse, MetadataRequest,
+    MetadataResponse, ProduceRequest, ProduceResponse, ProducerId, RequestHeader, ResponseHeader,
+    TopicName, TransactionalId,
 };
-use kafka_protocol::protocol::{
-    Decodable, Encodable, HeaderVersion, Message as _, Request, StrBytes,
-};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
@@ -35,9 +36,15 @@ pub struct RawClient {
 }
 
 impl RawClient {
-    /// Connects with read/write timeouts of [`SOCKET_TIMEOUT`].
-    pub fn connect(addr: SocketAddr) -> Result<Self> {
-        let stream = TcpStream::connect_timeout(&addr, SOCKET_TIMEOUT)
+    /// Connects to `addr` (a `SocketAddr` or `"HOST:PORT"`) with read/write timeouts of
+    /// [`SOCKET_TIMEOUT`].
+    pub fn connect<A: ToSocketAddrs + Display>(addr: A) -> Result<Self> {
+        let resolved = addr
+            .to_socket_addrs()
+            .with_context(|| format!("resolve {addr}"))?
+            .next()
+            .ok_or_else(|| anyhow!("{addr} resolves to no address"))?;
+        let stream = TcpStream::connect_timeout(&resolved, SOCKET_TIMEOUT)
             .with_context(|| format!("connect {addr}"))?;
         stream.set_read_timeout(Some(SOCKET_TIMEOUT))?;
         stream.set_write_timeout(Some(SOCKET_TIMEOUT))?;
@@ -380,4 +387,36 @@ pub fn decode_values(mut bytes: Bytes) -> Result<Vec<(i64, String)>> {
         }
     }
     Ok(out)
+}
+
+/// Finds the transaction coordinator of `txn_id` through `bootstrap` and sends it
+/// EndTxn(commit or abort) for (producer id, epoch). Returns EndTxn's error code; fails if
+/// FindCoordinator does.
+pub fn end_txn(
+    bootstrap: &str,
+    txn_id: &str,
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+) -> Result<i16> {
+    let mut c = RawClient::connect(bootstrap)?;
+    let fc = c.request(
+        &FindCoordinatorRequest::default()
+            .with_key(StrBytes::from_string(txn_id.to_string()))
+            .with_key_type(1),
+        1,
+    )?;
+    if fc.error_code != error_code::NONE {
+        bail!("FindCoordinator failed: error {}", fc.error_code);
+    }
+    let mut coord = RawClient::connect(format!("{}:{}", fc.host.as_str(), fc.port))?;
+    let resp = coord.request(
+        &EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_string(txn_id.to_string())))
+            .with_producer_id(ProducerId(producer_id))
+            .with_producer_epoch(epoch)
+            .with_committed(commit),
+        1,
+    )?;
+    Ok(resp.error_code)
 }

@@ -1,8 +1,37 @@
-//! An in-process broker on its own tokio runtime, so a test thread can block in rdkafka calls,
-//! and a helper that runs admin-client futures to completion.
+//! The broker in-process: on the test's own tokio runtime ([`start_broker`]) or on a private
+//! one, so a test thread can block in rdkafka calls ([`InProcessBroker`]); a helper that runs
+//! admin-client futures to completion; the subtask identity of a connector driven directly.
 
 use anyhow::Result;
 use onceflow_broker::{BrokerConfig, BrokerHandle};
+use onceflow_runtime::SubtaskInfo;
+
+/// Starts an in-memory broker on port 0 whose auto-created topics get `partitions` partitions.
+pub async fn start_broker(partitions: i32) -> BrokerHandle {
+    start_with(BrokerConfig {
+        default_partitions: partitions,
+        ..BrokerConfig::default()
+    })
+    .await
+}
+
+/// Starts a broker with `config`; panics if it cannot.
+pub async fn start_with(config: BrokerConfig) -> BrokerHandle {
+    onceflow_broker::start(config).await.expect("broker starts")
+}
+
+/// Subtask identity for connector tests that drive a source or sink directly.
+pub fn subtask_info(index: usize, parallelism: usize, restored: u64) -> SubtaskInfo {
+    SubtaskInfo {
+        job_name: "test".into(),
+        operator: "kafka".into(),
+        node_uid: "n00-kafka".into(),
+        index,
+        parallelism,
+        max_parallelism: 128,
+        restored_checkpoint: restored,
+    }
+}
 
 /// A broker started with [`onceflow_broker::start`] on a private runtime; shut down on drop.
 pub struct InProcessBroker {
@@ -30,6 +59,11 @@ impl InProcessBroker {
             .as_ref()
             .map(|h| h.bootstrap_servers())
             .unwrap_or_default()
+    }
+
+    /// The broker's handle (metrics address, shutdown).
+    pub fn handle(&self) -> &BrokerHandle {
+        self.handle.as_ref().expect("broker running")
     }
 
     /// The bound address.

@@ -1,83 +1,20 @@
-//! Harness of the exactly-once tests: the broker and the example job
-//! `examples/exactly_once_etl` run as child processes over TCP on 127.0.0.1, the input is
-//! produced with rdkafka, and the output is checked record by record with a read_committed
-//! consumer.
-//!
-//! Environment knobs: `ONCEFLOW_EOS_RECORDS` (input records of the kill -9 runs; default
-//! 200000), `ONCEFLOW_EOS_SEED` (random kill moments and data; printed by
-//! every test), `ONCEFLOW_EOS_KILLS` (SIGKILLs per kill -9 run, default 10),
-//! `ONCEFLOW_EOS_VERBOSE` (echo children's stdout), `ONCEFLOW_EOS_JOB_LOG` /
-//! `ONCEFLOW_EOS_BROKER_LOG` (RUST_LOG of the children; logs stay in the test's temp dir
-//! when `ONCEFLOW_EOS_KEEP` is set), `ONCEFLOW_EOS_PREBUILT` (use the example and broker
-//! binaries as built, without `cargo build`).
-//!
-//! Faults that an assertion depends on are triggered on what the processes report (stdout
-//! lines, the checkpoint directory, the topics), never on how long something takes; waits
-//! are bounded only against a process that is stuck.
-
-#![allow(dead_code)]
-
-pub mod checkpoints;
-pub mod data;
-pub mod procs;
-pub mod proxy;
+//! Runs of the example job `exactly_once_etl` in a scenario: its flags, the broker of the
+//! scenario, tailing the output until it is complete across restarts, a graceful stop, and
+//! the final record-by-record check.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
 
-#[allow(unused_imports)] // used by the kill -9, failpoint and stall tests only
-pub use checkpoints::*;
-pub use data::*;
-pub use procs::*;
-#[allow(unused_imports)] // used by the network-drop tests only
-pub use proxy::Proxy;
-
-/// Serialises the scenarios of one test binary: each runs a broker and job processes, and
-/// running several at once on a 2-core machine only makes kill timing meaningless.
-static MACHINE: Mutex<()> = Mutex::new(());
-
-/// Takes the machine for one scenario (poison from an earlier failed test is ignored).
-pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
-    MACHINE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A u64 from the environment or `default`.
-pub fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// The seed of this run (`ONCEFLOW_EOS_SEED` or random), printed so failures reproduce.
-pub fn seed(test: &str) -> u64 {
-    let seed = env_u64("ONCEFLOW_EOS_SEED", rand::random::<u32>() as u64);
-    eprintln!("[eos] {test}: ONCEFLOW_EOS_SEED={seed}");
-    seed
-}
-
-/// A temp dir for one scenario; kept on disk when `ONCEFLOW_EOS_KEEP` is set.
-pub fn scenario_dir(test: &str) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("onceflow-{test}-"))
-        .tempdir()
-        .expect("tempdir");
-    eprintln!("[eos] {test}: logs in {}", dir.path().display());
-    dir
-}
-
-/// Keeps `dir` on disk if `ONCEFLOW_EOS_KEEP` is set.
-pub fn finish_dir(dir: tempfile::TempDir) {
-    if std::env::var_os("ONCEFLOW_EOS_KEEP").is_some() {
-        let _ = dir.keep();
-    }
-}
+use crate::bins::bins;
+use crate::broker_process::{BrokerProcess, Storage};
+use crate::child::Proc;
+use crate::clients::{assign, consumer_with, create_topics, read_topic};
+use crate::eos::{check, parse_output, Dataset, Report, PARTITIONS};
 
 /// Tails the output and DLQ topics with a read_committed consumer, counting the distinct ids
 /// and malformed markers seen so far.
@@ -92,22 +29,12 @@ pub struct Tail {
 impl Tail {
     /// Assigns every partition of `output` and `dlq` from the beginning.
     pub fn new(bootstrap: &str, output: &str, dlq: &str) -> Tail {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("group.id", format!("eos-tail-{}", rand::random::<u32>()))
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("fetch.wait.max.ms", "100")
-            .create()
-            .expect("tail consumer");
-        let mut tpl = TopicPartitionList::new();
-        for t in [output, dlq] {
-            for p in 0..PARTITIONS {
-                tpl.add_partition_offset(t, p, Offset::Beginning)
-                    .expect("tpl");
-            }
-        }
-        consumer.assign(&tpl).expect("assign");
+        let consumer = consumer_with(bootstrap, true, false);
+        let parts: Vec<(&str, i32)> = [output, dlq]
+            .into_iter()
+            .flat_map(|t| (0..PARTITIONS).map(move |p| (t, p)))
+            .collect();
+        assign(&consumer, &parts);
         Tail {
             consumer,
             ids: HashSet::new(),
@@ -273,13 +200,40 @@ pub fn check_output(bootstrap: &str, args: &JobArgs, data: &Dataset) -> Report {
     check(data, &output, &dlq)
 }
 
+/// Starts the broker of a scenario on port 0: a durable data dir `dir/broker-data`, 4
+/// partitions per auto-created topic, `extra` flags, `RUST_LOG` from
+/// `ONCEFLOW_EOS_BROKER_LOG` (default `warn`), stderr in `dir/broker.stderr.log`. Restart it
+/// with [`BrokerProcess::restart_same_port`] so that clients keep their bootstrap address.
+pub fn scenario_broker(dir: &Path, extra: &[&str]) -> BrokerProcess {
+    let data_dir = dir.join("broker-data");
+    std::fs::create_dir_all(&data_dir).expect("broker data dir");
+    BrokerProcess::builder(Storage::durable(data_dir))
+        .args(&["--default-partitions", "4"])
+        .args(extra)
+        .rust_log(&std::env::var("ONCEFLOW_EOS_BROKER_LOG").unwrap_or_else(|_| "warn".into()))
+        .log_file(dir.join("broker.stderr.log"))
+        .spawn()
+        .expect("broker starts")
+}
+
+/// Kills the broker of a scenario with kill -9; panics if it had exited by itself.
+pub fn kill9_broker(broker: &mut BrokerProcess) {
+    let was_running = broker.kill9().expect("kill -9 the broker");
+    assert!(
+        was_running,
+        "broker had exited by itself\n{}",
+        broker.describe()
+    );
+}
+
 /// Prepares a scenario: broker child, topics, and the dataset of `n` records.
-pub fn setup(dir: &std::path::Path, args: &JobArgs, n: u64, seed: u64) -> (Broker, Dataset) {
+pub fn setup(dir: &Path, args: &JobArgs, n: u64, seed: u64) -> (BrokerProcess, Dataset) {
     bins();
-    let broker = Broker::start(dir, &[]);
+    let broker = scenario_broker(dir, &[]);
     create_topics(
         broker.bootstrap(),
         &[&args.input, &args.output, &args.dlq()],
+        PARTITIONS,
     );
     (broker, Dataset::generate(n, seed))
 }
@@ -303,4 +257,109 @@ pub fn finish_exact(
     eprintln!("[eos] {test}: {what}; {restarts} restarts to finish\n{report}");
     assert!(report.is_exact(), "output after {what}:\n{report}");
     restarts
+}
+
+/// Flags of one run of the example job.
+#[derive(Debug, Clone)]
+pub struct JobArgs {
+    /// `--mode`.
+    pub mode: String,
+    /// `--input`.
+    pub input: String,
+    /// `--output`.
+    pub output: String,
+    /// `--group`.
+    pub group: String,
+    /// `--checkpoint-dir`.
+    pub checkpoint_dir: PathBuf,
+    /// `--checkpoint-interval-ms`.
+    pub checkpoint_interval_ms: u64,
+    /// `--parallelism`.
+    pub parallelism: u32,
+    /// `--transactional-id-prefix`.
+    pub prefix: String,
+    /// `--transaction-timeout-ms` (None: the job's default).
+    pub transaction_timeout_ms: Option<u64>,
+    /// Extra environment (e.g. ONCEFLOW_FAILPOINT).
+    pub env: Vec<(String, String)>,
+    /// Extra command-line arguments (e.g. `--metrics-listen ADDR`).
+    pub extra_args: Vec<String>,
+    /// Directory for the job's stderr logs.
+    pub log_dir: PathBuf,
+}
+
+impl JobArgs {
+    /// Defaults for a test scenario rooted at `dir`.
+    pub fn new(mode: &str, dir: &Path) -> JobArgs {
+        JobArgs {
+            mode: mode.to_string(),
+            input: "eos-input".into(),
+            output: "eos-output".into(),
+            group: format!("eos-group-{mode}"),
+            checkpoint_dir: dir.join("checkpoints"),
+            checkpoint_interval_ms: 500,
+            parallelism: 2,
+            prefix: format!("eos-{mode}"),
+            transaction_timeout_ms: None,
+            env: Vec::new(),
+            extra_args: Vec::new(),
+            log_dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The DLQ topic.
+    pub fn dlq(&self) -> String {
+        format!("{}.dlq", self.output)
+    }
+}
+
+/// Spawns the example job against `bootstrap`; `run` names its stderr log.
+pub fn spawn_job(bootstrap: &str, args: &JobArgs, run: &str) -> Proc {
+    let mut cmd = Command::new(&bins().job);
+    cmd.args(["--brokers", bootstrap])
+        .args(["--input", &args.input])
+        .args(["--output", &args.output])
+        .args(["--group", &args.group])
+        .args(["--mode", &args.mode])
+        .arg("--checkpoint-dir")
+        .arg(&args.checkpoint_dir)
+        .args([
+            "--checkpoint-interval-ms",
+            &args.checkpoint_interval_ms.to_string(),
+        ])
+        .args(["--parallelism", &args.parallelism.to_string()])
+        .args(["--transactional-id-prefix", &args.prefix])
+        .env(
+            "RUST_LOG",
+            std::env::var("ONCEFLOW_EOS_JOB_LOG").unwrap_or_else(|_| "info".into()),
+        );
+    if let Some(t) = args.transaction_timeout_ms {
+        cmd.args(["--transaction-timeout-ms", &t.to_string()]);
+    }
+    cmd.args(&args.extra_args);
+    for (k, v) in &args.env {
+        cmd.env(k, v);
+    }
+    let log = args.log_dir.join(format!("job-{run}.stderr.log"));
+    Proc::spawn(&format!("job {run}"), cmd, &log)
+}
+
+/// The largest N of stdout lines containing `checkpoint N committed`.
+pub fn last_committed(lines: &[String]) -> Option<u64> {
+    lines
+        .iter()
+        .filter_map(|l| checkpoint_number(l, "committed"))
+        .max()
+}
+
+/// N if `line` contains `checkpoint N <word>`.
+pub fn checkpoint_number(line: &str, word: &str) -> Option<u64> {
+    let at = line.find("checkpoint ")?;
+    let rest = &line[at + "checkpoint ".len()..];
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let after = rest[digits.len()..].trim_start();
+    if digits.is_empty() || !after.starts_with(word) {
+        return None;
+    }
+    digits.parse().ok()
 }

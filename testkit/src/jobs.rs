@@ -1,16 +1,52 @@
-//! Shared helpers of the crash tests: the job runs as a child process (the test binary
-//! re-executed with one test name), reports its checkpoint events on stdout as `EVENT ...`
-//! lines, and the parent SIGKILLs and restarts it at random moments.
+//! Child-job runners: example job binaries spawned with their flags, and test binaries
+//! re-executed to run one test as a job that reports its checkpoint events on stdout as
+//! `EVENT ...` lines, which the parent waits on and SIGKILLs the job at.
 
-use std::io::{BufRead, BufReader};
 use std::ops::Range;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use onceflow_runtime::{CheckpointEvent, JobResult};
 use rand::rngs::ThreadRng;
 use rand::Rng;
+
+use crate::bins::example_bin;
+use crate::child::Proc;
+
+/// Spawns example `name` with `args`; stderr goes to `<log_dir>/<run>.stderr.log`, `RUST_LOG`
+/// is `ONCEFLOW_EOS_JOB_LOG` (default `info`).
+pub fn spawn_example(name: &str, args: &[String], log_dir: &Path, run: &str) -> Proc {
+    let mut cmd = Command::new(example_bin(name));
+    cmd.args(args).env(
+        "RUST_LOG",
+        std::env::var("ONCEFLOW_EOS_JOB_LOG").unwrap_or_else(|_| "info".into()),
+    );
+    Proc::spawn(
+        &format!("{name} {run}"),
+        cmd,
+        &log_dir.join(format!("{run}.stderr.log")),
+    )
+}
+
+/// Polls `read` every 300 ms until `done` holds for its result (returns it) or `timeout`.
+pub fn wait_for<T>(
+    timeout: Duration,
+    mut read: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let v = read();
+        if done(&v) {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
 
 /// Longest wait for a checkpoint event of a healthy child: generous, so that only a stuck
 /// child (not a loaded machine) reaches it.
@@ -41,41 +77,22 @@ pub fn child_command(child_test: &str) -> Command {
     cmd
 }
 
-/// Spawns `cmd` and forwards the child's `EVENT` lines (without the prefix) to the receiver.
-pub fn spawn_with_events(mut cmd: Command) -> (Child, mpsc::Receiver<String>) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn child job");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some(ev) = line.strip_prefix("EVENT ") {
-                if tx.send(ev.to_string()).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    (child, rx)
+/// Spawns a job that reports `EVENT` lines (stderr discarded); wait on them with
+/// [`next_event`].
+pub fn spawn_with_events(cmd: Command) -> Proc {
+    Proc::spawn_quiet("child job", cmd)
 }
 
-/// Waits for an event starting with `prefix`, up to `timeout`; `None` if the child ended or
-/// time ran out.
-pub fn next_event(rx: &mpsc::Receiver<String>, prefix: &str, timeout: Duration) -> Option<String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(ev) if ev.starts_with(prefix) => return Some(ev),
-            Ok(ev) if ev.starts_with("done") => return None,
-            Ok(_) => {}
-            Err(_) => return None,
-        }
-    }
+/// Waits for the job's next event (after the ones returned before) starting with `prefix`,
+/// up to `timeout`; returns it without the `EVENT ` prefix. `None` if the job reported
+/// `done` first, ended, or time ran out.
+pub fn next_event(job: &mut Proc, prefix: &str, timeout: Duration) -> Option<String> {
+    let line = job.next_line(timeout, |l| {
+        l.strip_prefix("EVENT ")
+            .is_some_and(|ev| ev.starts_with(prefix) || ev.starts_with("done"))
+    })?;
+    let ev = line.trim_start_matches("EVENT ");
+    ev.starts_with(prefix).then(|| ev.to_string())
 }
 
 /// The job ended (or stopped reporting checkpoints) before it could be killed as often as
@@ -93,11 +110,11 @@ pub struct EndedEarly {
 pub fn kill_repeatedly(
     kills: usize,
     random_sleep_ms: Range<u64>,
-    mut spawn: impl FnMut(&mut ThreadRng) -> (Child, mpsc::Receiver<String>),
+    mut spawn: impl FnMut(&mut ThreadRng) -> Proc,
 ) -> Result<(), EndedEarly> {
     let mut rng = rand::rng();
     for done in 0..kills {
-        let (mut child, rx) = spawn(&mut rng);
+        let mut job = spawn(&mut rng);
         let alive = match done % 3 {
             // at a random moment
             0 => {
@@ -111,7 +128,7 @@ pub fn kill_repeatedly(
                 let skip = rng.random_range(0..3);
                 let mut ok = true;
                 for _ in 0..=skip {
-                    ok = ok && next_event(&rx, "triggered", EVENT_TIMEOUT).is_some();
+                    ok = ok && next_event(&mut job, "triggered", EVENT_TIMEOUT).is_some();
                 }
                 if ok {
                     std::thread::sleep(Duration::from_micros(rng.random_range(0..3000)));
@@ -123,18 +140,15 @@ pub fn kill_repeatedly(
                 let skip = rng.random_range(0..3);
                 let mut ok = true;
                 for _ in 0..=skip {
-                    ok = ok && next_event(&rx, "completed", EVENT_TIMEOUT).is_some();
+                    ok = ok && next_event(&mut job, "completed", EVENT_TIMEOUT).is_some();
                 }
                 ok
             }
         };
-        if !alive || child.try_wait().expect("try_wait").is_some() {
-            let _ = child.kill();
-            let _ = child.wait();
+        // kill9 is false if the job had exited by itself
+        if !job.kill9() || !alive {
             return Err(EndedEarly { kills_done: done });
         }
-        child.kill().expect("SIGKILL child");
-        let _ = child.wait();
     }
     Ok(())
 }

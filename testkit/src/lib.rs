@@ -1,0 +1,38 @@
+//! The test kit of onceflow's integration tests: one place for the helpers every broker,
+//! connector and end-to-end test uses, so that a fault test is written once.
+//!
+//! Modules by concern:
+//! - [`bins`]: the broker and example binaries (located or built once, pinned against
+//!   concurrent rebuilds), the workspace root, programs on PATH.
+//! - [`child`]: a child process with its stdout captured line by line, bounded waits for a
+//!   line, SIGKILL / SIGTERM / SIGINT / SIGSTOP; external commands bounded in time.
+//! - [`broker_process`]: the `onceflow-broker` binary as a child process (port 0, the
+//!   `listening on` line, kill -9, SIGTERM, restart on the same data dir and port, its log).
+//! - [`inproc`]: the broker in-process, on the test's runtime or on a private one.
+//! - [`raw`]: a raw Kafka-protocol client over a blocking socket (kafka-protocol crate).
+//! - [`records`]: deterministic test records, an idempotent producer that records every
+//!   delivery report, a reader that checks every record detail.
+//! - [`clients`]: rdkafka transactional and plain producers, assigned consumers with an
+//!   isolation level, readers of a topic up to its end (read_committed or not), topic creation.
+//! - [`jobs`]: child-job runners: example job binaries, test binaries re-executed as a job
+//!   reporting `EVENT` lines, kills at reported events.
+//! - [`eos`]: the exactly-once harness: input dataset, record-by-record output checker, the
+//!   example job `exactly_once_etl` run to completion across faults.
+//! - [`proxy`]: a TCP proxy that cuts connections or partitions the network.
+//! - [`checkpoints`]: what a job's checkpoint directory says a restart will do.
+//! - [`python`]: the kafka-python client runner.
+//!
+//! Every wait is bounded against a stuck process; none decides a verdict by timing.
+
+pub mod bins;
+pub mod broker_process;
+pub mod checkpoints;
+pub mod child;
+pub mod clients;
+pub mod eos;
+pub mod inproc;
+pub mod jobs;
+pub mod proxy;
+pub mod python;
+pub mod raw;
+pub mod records;
