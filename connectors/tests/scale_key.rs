@@ -11,12 +11,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn librdkafka_murmur2_partitioner_agrees_with_task_of() {
     const PARTITIONS: u32 = 6;
-    let broker = onceflow_broker::start(onceflow_broker::BrokerConfig {
-        default_partitions: PARTITIONS as i32,
-        ..Default::default()
-    })
-    .await
-    .expect("broker starts");
+    let broker = onceflow_testkit::inproc::start_broker(PARTITIONS as i32).await;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap_servers())
         .set("partitioner", "murmur2")

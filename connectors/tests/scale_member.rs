@@ -152,12 +152,7 @@ impl Instance {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cooperative_sticky_moves_only_what_must_move_and_revokes_before_reassigning() {
-    let broker = onceflow_broker::start(onceflow_broker::BrokerConfig {
-        default_partitions: PARTITIONS,
-        ..Default::default()
-    })
-    .await
-    .expect("broker starts");
+    let broker = onceflow_testkit::inproc::start_broker(PARTITIONS).await;
     let brokers = broker.bootstrap_servers();
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", &brokers)
