@@ -122,7 +122,7 @@ impl FromStr for ListenerConfig {
             .next()
             .ok_or_else(|| format!("listener {s:?}: {host:?} resolves to no address"))?;
         let name = match name {
-            Some(n) if n.is_empty() => return Err(format!("listener {s:?} has an empty name")),
+            Some("") => return Err(format!("listener {s:?} has an empty name")),
             Some(n) => n.to_ascii_uppercase(),
             None => protocol.name().to_string(),
         };

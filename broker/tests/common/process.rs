@@ -44,7 +44,7 @@ pub enum Storage {
 pub struct BrokerProcess {
     child: Option<Child>,
     addr: SocketAddr,
-    listeners: Vec<(String, SocketAddr)>,
+    listeners: Listeners,
     storage: Storage,
     extra_args: Vec<String>,
     log_dir: tempfile::TempDir,
@@ -221,12 +221,15 @@ impl Drop for BrokerProcess {
     }
 }
 
+/// `(name, address)` of each listener a broker printed.
+type Listeners = Vec<(String, SocketAddr)>;
+
 fn spawn_child(
     storage: &Storage,
     extra: &[String],
     listen: &str,
     log: &Path,
-) -> Result<(Child, SocketAddr, Vec<(String, SocketAddr)>)> {
+) -> Result<(Child, SocketAddr, Listeners)> {
     let mut cmd = Command::new(broker_binary());
     cmd.arg("--listen").arg(listen);
     match storage {
