@@ -46,9 +46,9 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::SaslAuthenticate, 0, 2),
     // security: ACL admin APIs
-    (ApiKey::CreateAcls, 0, 3),
-    (ApiKey::DescribeAcls, 0, 3),
-    (ApiKey::DeleteAcls, 0, 3),
+    (ApiKey::CreateAcls, 1, 3),
+    (ApiKey::DescribeAcls, 1, 3),
+    (ApiKey::DeleteAcls, 1, 3),
 ];
 
 /// The advertised (min, max) versions of `key`, or None if the API is not implemented.

@@ -387,7 +387,7 @@ mod tests {
 
     #[test]
     fn acl_lines_round_trip() {
-        let text = "# c\nUser:alice * Write Allow Topic Literal orders\nUser:* * READ allow TRANSACTIONAL_ID prefixed etl-\n";
+        let text = "# c\nUser:alice * Write Allow Topic Literal orders\nUser:* * WRITE allow TRANSACTIONAL_ID prefixed etl-\n";
         let acls = parse_acl_lines(text).unwrap();
         assert_eq!(acls.len(), 2);
         assert_eq!(acls[1].resource_type, ResourceType::TransactionalId);
@@ -397,6 +397,7 @@ mod tests {
         assert!(parse_acl_lines("User:a * Write Allow Topic Match x").is_err());
         assert!(parse_acl_lines("User:a * Write Allow Cluster Literal x").is_err());
         assert!(parse_acl_lines("alice * Write Allow Topic Literal x").is_err());
+        assert!(parse_acl_lines("User:a * Read Allow TransactionalId Literal x").is_err());
         assert!(parse_acl_lines("User:a * Write Allow Topic Literal").is_err());
     }
 

@@ -157,3 +157,28 @@ fn escape_dn_value(value: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn principal_is_the_subject_dn_most_specific_first() {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        // ASN.1 order O, CN (the defaults hold a CN in first place).
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "Example, Inc");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "client");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        assert_eq!(
+            principal_from_certificate(cert.der()).as_deref(),
+            Some("User:CN=client,O=Example\\, Inc")
+        );
+        assert_eq!(principal_from_certificate(b"not a certificate"), None);
+    }
+}

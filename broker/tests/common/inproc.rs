@@ -32,6 +32,11 @@ impl InProcessBroker {
             .unwrap_or_default()
     }
 
+    /// The bound address of the listener named `name`.
+    pub fn listener_addr(&self, name: &str) -> Option<std::net::SocketAddr> {
+        self.handle.as_ref()?.listener_addr(name)
+    }
+
     /// The bound address.
     pub fn addr(&self) -> std::net::SocketAddr {
         self.handle
