@@ -200,3 +200,44 @@ fn debug_log_holds_no_password() -> Result<()> {
     std::env::remove_var("RUST_LOG");
     result
 }
+
+/// SaslHandshake v0: the tokens follow as bare size-prefixed frames (no Kafka header), as
+/// older clients send them; a wrong password then closes the connection without a reply.
+#[test]
+fn handshake_v0_exchanges_bare_tokens() -> Result<()> {
+    let (broker, _dir) = sasl_broker(&[])?;
+    let addr = sasl_addr(&broker)?;
+    let handshake_v0 = |client: &mut RawClient| -> Result<()> {
+        let hs = client.request(
+            &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+            0,
+        )?;
+        ensure!(hs.error_code == 0, "handshake v0 error {}", hs.error_code);
+        Ok(())
+    };
+    let bare = |token: &str| {
+        let mut frame = (token.len() as i32).to_be_bytes().to_vec();
+        frame.extend_from_slice(token.as_bytes());
+        frame
+    };
+
+    let mut good = RawClient::connect(addr)?;
+    handshake_v0(&mut good)?;
+    good.send_bytes(&bare(&format!("\0alice\0{PASSWORD}")))?;
+    let reply = good.read_frame()?;
+    ensure!(
+        reply.is_empty(),
+        "PLAIN success carries no token: {reply:?}"
+    );
+    let meta = good.request(&MetadataRequest::default().with_topics(None), 4)?;
+    ensure!(!meta.brokers.is_empty());
+
+    let mut bad = RawClient::connect(addr)?;
+    handshake_v0(&mut bad)?;
+    bad.send_bytes(&bare(&format!("\0alice\0{WRONG}")))?;
+    ensure!(
+        bad.closed_within(Duration::from_secs(10)),
+        "wrong bare-token password not refused"
+    );
+    Ok(())
+}
