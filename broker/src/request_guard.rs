@@ -162,6 +162,10 @@ pub const WITHOUT_ARRAYS: &[ApiKey] = &[
     ApiKey::AddOffsetsToTxn,
     ApiKey::EndTxn,
     ApiKey::Heartbeat,
+    // Security: the SASL exchange (a string, a byte string) and DescribeAcls (one filter).
+    ApiKey::SaslHandshake,
+    ApiKey::SaslAuthenticate,
+    ApiKey::DescribeAcls,
 ];
 
 /// APIs this module walks. Every API added to the advertised table must be here (with a walk
@@ -196,6 +200,9 @@ pub const WALKED: &[ApiKey] = &[
     ApiKey::ListTransactions,
     ApiKey::DescribeTransactions,
     ApiKey::WriteTxnMarkers,
+    // Security: ACL admin APIs.
+    ApiKey::CreateAcls,
+    ApiKey::DeleteAcls,
 ];
 
 /// Highest version walked for each coordinator API in [`WALKED`] (their schemas change
@@ -249,6 +256,7 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
         ApiKey::DescribeGroups => version >= 5,
         ApiKey::ListGroups => version >= 3,
         ApiKey::CreatePartitions => version >= 2,
+        ApiKey::CreateAcls | ApiKey::DeleteAcls => version >= 2,
         ApiKey::DescribeProducers
         | ApiKey::ListTransactions
         | ApiKey::DescribeTransactions
@@ -406,7 +414,9 @@ fn walk(api: ApiKey, version: i16, body: &[u8]) -> Result<usize> {
         | ApiKey::DescribeProducers
         | ApiKey::ListTransactions
         | ApiKey::DescribeTransactions
-        | ApiKey::WriteTxnMarkers => walk_admin(w, api, version)?,
+        | ApiKey::WriteTxnMarkers
+        | ApiKey::CreateAcls
+        | ApiKey::DeleteAcls => walk_admin(w, api, version)?,
         _ => walk_coordinator(w, api, version)?,
     }
     w.tags()?;
@@ -622,6 +632,30 @@ fn walk_admin(w: &mut Walker<'_>, api: ApiKey, version: i16) -> Result<()> {
         }
         ApiKey::DescribeTransactions => {
             w.array(s, |w| w.string())?; // transactional_ids
+        }
+        ApiKey::CreateAcls => {
+            // resource type, name, pattern type, principal, host, operation, permission
+            w.array(1 + s + 1 + s + s + 1 + 1 + t, |w| {
+                w.skip(1)?;
+                w.string()?;
+                w.skip(1)?;
+                w.string()?;
+                w.string()?;
+                w.skip(2)?;
+                w.tags()
+            })?;
+        }
+        ApiKey::DeleteAcls => {
+            // the same fields as filters (the strings nullable)
+            w.array(1 + s + 1 + s + s + 1 + 1 + t, |w| {
+                w.skip(1)?;
+                w.string()?;
+                w.skip(1)?;
+                w.string()?;
+                w.string()?;
+                w.skip(2)?;
+                w.tags()
+            })?;
         }
         ApiKey::WriteTxnMarkers => {
             w.array(8 + 2 + 1 + a + 4 + t, |w| {

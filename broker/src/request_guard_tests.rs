@@ -482,6 +482,40 @@ fn coordinator_sample(api: ApiKey, version: i16) -> Option<Vec<u8>> {
             }
             encoded(&req, version)
         }
+        ApiKey::CreateAcls => {
+            use kafka_protocol::messages::create_acls_request::AclCreation;
+            let acl = |n| {
+                AclCreation::default()
+                    .with_resource_type(2)
+                    .with_resource_name(str(n))
+                    .with_resource_pattern_type(3)
+                    .with_principal(str("User:alice"))
+                    .with_host(str("*"))
+                    .with_operation(3)
+                    .with_permission_type(3)
+            };
+            encoded(
+                &CreateAclsRequest::default().with_creations(vec![acl("a"), acl("bb")]),
+                version,
+            )
+        }
+        ApiKey::DeleteAcls => {
+            use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
+            let filter = |n: Option<&'static str>| {
+                DeleteAclsFilter::default()
+                    .with_resource_type_filter(1)
+                    .with_resource_name_filter(n.map(str))
+                    .with_pattern_type_filter(1)
+                    .with_principal_filter(Some(str("User:alice")))
+                    .with_host_filter(None)
+                    .with_operation(1)
+                    .with_permission_type(1)
+            };
+            encoded(
+                &DeleteAclsRequest::default().with_filters(vec![filter(Some("t")), filter(None)]),
+                version,
+            )
+        }
         _ => return None,
     };
     Some(b)

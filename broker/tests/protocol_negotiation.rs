@@ -204,7 +204,7 @@ async fn api_versions_negotiation_follows_kip_511() -> Result<()> {
     ensure!(range(&v3, ApiKey::Produce) == Some((3, 9)));
     ensure!(range(&v3, ApiKey::Fetch) == Some((4, 12)));
     ensure!(
-        range(&v3, ApiKey::DescribeAcls).is_none(),
+        range(&v3, ApiKey::DeleteGroups).is_none(),
         "advertises an unimplemented API"
     );
     broker.shutdown().await;

@@ -95,6 +95,7 @@ impl BrokerBuilder {
         let mut broker = BrokerProcess {
             proc: None,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listeners: Vec::new(),
             bootstrap: String::new(),
             storage: self.storage,
             args: self.args,
@@ -113,6 +114,9 @@ impl BrokerBuilder {
 pub struct BrokerProcess {
     proc: Option<Proc>,
     addr: SocketAddr,
+    /// `(name, address)` of each listener the broker printed (`listener NAME PROTOCOL on
+    /// ADDR` lines, before `listening on`).
+    listeners: Vec<(String, SocketAddr)>,
     bootstrap: String,
     storage: Storage,
     args: Vec<String>,
@@ -195,6 +199,18 @@ impl BrokerProcess {
         };
         let rest = line.trim_start_matches("listening on ").trim();
         self.addr = rest.parse().with_context(|| format!("parse {line:?}"))?;
+        self.listeners.clear();
+        for l in proc.lines() {
+            let Some(listener) = l.strip_prefix("listener ") else {
+                continue;
+            };
+            if let [name, _protocol, "on", addr] =
+                listener.split_whitespace().collect::<Vec<_>>()[..]
+            {
+                let addr: SocketAddr = addr.parse().with_context(|| format!("parse {l:?}"))?;
+                self.listeners.push((name.to_string(), addr));
+            }
+        }
         self.bootstrap = rest.to_string();
         self.proc = Some(proc);
         Ok(())
@@ -203,6 +219,15 @@ impl BrokerProcess {
     /// The address the broker printed.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound address of the listener named `name` (from the broker's `listener NAME
+    /// PROTOCOL on ADDR` lines; printed when it has more than one listener).
+    pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, addr)| *addr)
     }
 
     /// `HOST:PORT` for `bootstrap.servers`.

@@ -66,6 +66,11 @@ impl InProcessBroker {
         self.handle.as_ref().expect("broker running")
     }
 
+    /// The bound address of the listener named `name`.
+    pub fn listener_addr(&self, name: &str) -> Option<std::net::SocketAddr> {
+        self.handle.as_ref()?.listener_addr(name)
+    }
+
     /// The bound address.
     pub fn addr(&self) -> std::net::SocketAddr {
         self.handle

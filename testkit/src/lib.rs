@@ -36,3 +36,4 @@ pub mod proxy;
 pub mod python;
 pub mod raw;
 pub mod records;
+pub mod security;

@@ -17,6 +17,7 @@ use kafka_protocol::protocol::StrBytes;
 use super::describe_configs::{RESOURCE_BROKER, RESOURCE_TOPIC};
 use super::{topic_configs, RequestContext};
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 use crate::storage::StorageError;
 
@@ -26,7 +27,7 @@ pub(super) type Refusal = (ResponseError, String);
 /// Answers AlterConfigs.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: AlterConfigsRequest,
 ) -> AlterConfigsResponse {
     let mut seen = HashSet::new();
@@ -39,7 +40,14 @@ pub async fn handle(
                 format!("resource {name:?} listed twice in one request"),
             ))
         } else {
-            match check_resource(state, resource.resource_type, &name) {
+            let access = check_config_access(
+                state,
+                ctx,
+                resource.resource_type,
+                &name,
+                AclOperation::AlterConfigs,
+            );
+            match access.and_then(|()| check_resource(state, resource.resource_type, &name)) {
                 Err(refusal) => Err(refusal),
                 Ok(()) => {
                     let entries: Vec<(String, Option<String>)> = resource
@@ -91,6 +99,29 @@ fn replacement(entries: &[(String, Option<String>)]) -> Result<BTreeMap<String, 
 
 /// Refuses what is not an existing topic: unknown topics (UNKNOWN_TOPIC_OR_PARTITION),
 /// broker resources (read-only on this broker) and other resource types (INVALID_REQUEST).
+/// Kafka's config authorization: `operation` (DescribeConfigs or AlterConfigs) on the topic
+/// (TOPIC_AUTHORIZATION_FAILED) or on the cluster for broker configs
+/// (CLUSTER_AUTHORIZATION_FAILED).
+pub(super) fn check_config_access(
+    state: &BrokerState,
+    ctx: &RequestContext,
+    resource_type: i8,
+    name: &str,
+    operation: AclOperation,
+) -> Result<(), Refusal> {
+    match resource_type {
+        RESOURCE_TOPIC if !ctx.authorized(state, operation, ResourceType::Topic, name) => Err((
+            ResponseError::TopicAuthorizationFailed,
+            format!("not authorized for {operation} on topic {name:?}"),
+        )),
+        RESOURCE_BROKER if !ctx.authorized_on_cluster(state, operation) => Err((
+            ResponseError::ClusterAuthorizationFailed,
+            format!("not authorized for {operation} on the cluster"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub(super) fn check_resource(
     state: &BrokerState,
     resource_type: i8,

@@ -17,13 +17,14 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::{BrokerState, MAX_PARTITIONS_PER_TOPIC, NODE_ID};
 use crate::storage::StorageError;
 
 /// Answers CreatePartitions.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
     let mut counts = std::collections::HashMap::new();
@@ -36,6 +37,11 @@ pub async fn handle(
             Err((
                 ResponseError::InvalidRequest,
                 "Duplicate topic in request.".to_string(),
+            ))
+        } else if !ctx.authorized(state, AclOperation::Alter, ResourceType::Topic, &topic.name) {
+            Err((
+                ResponseError::TopicAuthorizationFailed,
+                "not authorized to alter the topic".to_string(),
             ))
         } else {
             grow(state, topic, req.validate_only).await

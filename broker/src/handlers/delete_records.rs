@@ -14,26 +14,39 @@ use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 use crate::storage::{DeleteRecordsError, Partition, StorageError};
 
 /// Answers DeleteRecords.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: DeleteRecordsRequest,
 ) -> DeleteRecordsResponse {
     let mut topics = Vec::with_capacity(req.topics.len());
     for topic in req.topics {
         let name = topic.name.0.to_string();
         let mut partitions = Vec::with_capacity(topic.partitions.len());
+        let denied = !ctx.authorized(state, AclOperation::Delete, ResourceType::Topic, &name);
         for p in topic.partitions {
-            let result = match state.partition(&name, p.partition_index) {
-                None => Err((
+            let target = if denied {
+                Err(ResponseError::TopicAuthorizationFailed)
+            } else {
+                state
+                    .partition(&name, p.partition_index)
+                    .ok_or(ResponseError::UnknownTopicOrPartition)
+            };
+            let result = match target {
+                Err(ResponseError::TopicAuthorizationFailed) => Err((
+                    ResponseError::TopicAuthorizationFailed,
+                    format!("not authorized to delete records of {name}"),
+                )),
+                Err(_) => Err((
                     ResponseError::UnknownTopicOrPartition,
                     format!("no partition {name}-{}", p.partition_index),
                 )),
-                Some(partition) => delete(state, partition, p.offset).await,
+                Ok(partition) => delete(state, partition, p.offset).await,
             };
             let answer =
                 DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);

@@ -9,18 +9,29 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 use crate::storage::StorageError;
 
 /// Answers DeleteTopics.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: DeleteTopicsRequest,
 ) -> DeleteTopicsResponse {
     let mut responses = Vec::with_capacity(req.topic_names.len());
     for name in req.topic_names {
         let topic = name.0.as_str().to_string();
+        if !ctx.authorized(state, AclOperation::Delete, ResourceType::Topic, &topic) {
+            let code = kafka_protocol::error::ResponseError::TopicAuthorizationFailed.code();
+            metrics::partition_error("DeleteTopics", code);
+            responses.push(
+                DeletableTopicResult::default()
+                    .with_name(Some(name))
+                    .with_error_code(code),
+            );
+            continue;
+        }
         let store = state.store.clone();
         let delete = {
             let topic = topic.clone();

@@ -14,6 +14,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::{topic_configs, RequestContext};
 use crate::metrics;
+use crate::security::AclOperation;
 use crate::state::{BrokerState, NODE_ID};
 
 /// Resource type code of a topic.
@@ -330,22 +331,30 @@ pub fn handle(
         .into_iter()
         .map(|resource| {
             let name = resource.resource_name.as_str();
-            let configs = match resource.resource_type {
-                RESOURCE_TOPIC if state.partition_count(name).is_some() => {
+            let access = super::alter_configs::check_config_access(
+                state,
+                ctx,
+                resource.resource_type,
+                name,
+                AclOperation::DescribeConfigs,
+            );
+            let configs = match (access, resource.resource_type) {
+                (Err(refusal), _) => Err(refusal),
+                (Ok(()), RESOURCE_TOPIC) if state.partition_count(name).is_some() => {
                     Ok(topic_configs(state, name))
                 }
-                RESOURCE_TOPIC => Err((
+                (Ok(()), RESOURCE_TOPIC) => Err((
                     ResponseError::UnknownTopicOrPartition,
                     format!("unknown topic {name:?}"),
                 )),
-                RESOURCE_BROKER if name.is_empty() || name == NODE_ID.to_string() => {
+                (Ok(()), RESOURCE_BROKER) if name.is_empty() || name == NODE_ID.to_string() => {
                     Ok(broker_configs(state))
                 }
-                RESOURCE_BROKER => Err((
+                (Ok(()), RESOURCE_BROKER) => Err((
                     ResponseError::InvalidRequest,
                     format!("unknown broker {name:?}"),
                 )),
-                other => Err((
+                (Ok(()), other) => Err((
                     ResponseError::InvalidRequest,
                     format!("resource type {other} is not supported"),
                 )),

@@ -15,13 +15,14 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 use crate::storage::producer_state::ProducerEntry;
 
 /// Answers DescribeProducers.
 pub fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: DescribeProducersRequest,
 ) -> DescribeProducersResponse {
     let topics = req
@@ -29,10 +30,19 @@ pub fn handle(
         .into_iter()
         .map(|topic| {
             let name = topic.name.0.as_str();
+            let denied = !ctx.authorized(state, AclOperation::Read, ResourceType::Topic, name);
             let partitions = topic
                 .partition_indexes
                 .iter()
-                .map(|&index| describe_partition(state, name, index))
+                .map(|&index| {
+                    if denied {
+                        PartitionResponse::default()
+                            .with_partition_index(index)
+                            .with_error_code(ResponseError::TopicAuthorizationFailed.code())
+                    } else {
+                        describe_partition(state, name, index)
+                    }
+                })
                 .collect();
             TopicResponse::default()
                 .with_name(topic.name.clone())

@@ -15,19 +15,36 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 use crate::txn::{TxnMetadata, TxnState};
 
 /// Answers DescribeTransactions.
 pub fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: DescribeTransactionsRequest,
 ) -> DescribeTransactionsResponse {
     let states = req
         .transactional_ids
         .into_iter()
         .map(|id| {
+            if !ctx.authorized(
+                state,
+                AclOperation::Describe,
+                ResourceType::TransactionalId,
+                id.0.as_str(),
+            ) {
+                let code = ResponseError::TransactionalIdAuthorizationFailed.code();
+                metrics::partition_error("DescribeTransactions", code);
+                return TransactionState::default()
+                    .with_transactional_id(id)
+                    .with_error_code(code)
+                    .with_transaction_state(StrBytes::from_static_str(""))
+                    .with_transaction_start_time_ms(-1)
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1);
+            }
             let found = state
                 .txn
                 .describe(id.0.as_str())

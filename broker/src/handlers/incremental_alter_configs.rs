@@ -12,8 +12,9 @@ use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsRe
 use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
 use kafka_protocol::protocol::StrBytes;
 
-use super::alter_configs::{apply_topic, check_resource, refused, Refusal};
+use super::alter_configs::{apply_topic, check_config_access, check_resource, refused, Refusal};
 use super::{topic_configs, RequestContext};
+use crate::security::AclOperation;
 use crate::state::BrokerState;
 
 const OP_SET: i8 = 0;
@@ -24,7 +25,7 @@ const OP_SUBTRACT: i8 = 3;
 /// Answers IncrementalAlterConfigs.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: IncrementalAlterConfigsRequest,
 ) -> IncrementalAlterConfigsResponse {
     let mut seen = HashSet::new();
@@ -37,7 +38,14 @@ pub async fn handle(
                 format!("resource {name:?} listed twice in one request"),
             ))
         } else {
-            match check_resource(state, resource.resource_type, &name) {
+            let access = check_config_access(
+                state,
+                ctx,
+                resource.resource_type,
+                &name,
+                AclOperation::AlterConfigs,
+            );
+            match access.and_then(|()| check_resource(state, resource.resource_type, &name)) {
                 Err(refusal) => Err(refusal),
                 Ok(()) => {
                     let current = state.store.topic_configs(&name).unwrap_or_default();

@@ -8,6 +8,7 @@ use kafka_protocol::messages::{GroupId, ListGroupsRequest, ListGroupsResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// The group type of classic-protocol groups (KIP-848 names).
@@ -30,11 +31,23 @@ pub fn handle(
     } else {
         Vec::new()
     };
+    let cluster_describe = ctx.authorized_on_cluster(state, AclOperation::Describe);
     let groups = if types_match {
         state
             .groups
             .list(&states)
             .into_iter()
+            // Describe on the cluster lists every group; else the groups the principal may
+            // describe.
+            .filter(|g| {
+                cluster_describe
+                    || ctx.authorized(
+                        state,
+                        AclOperation::Describe,
+                        ResourceType::Group,
+                        &g.group_id,
+                    )
+            })
             .map(|g| {
                 ListedGroup::default()
                     .with_group_id(GroupId(StrBytes::from_string(g.group_id)))

@@ -14,6 +14,7 @@ use super::RequestContext;
 use crate::decompress::DecompressError;
 use crate::metrics;
 use crate::record_timestamps::RecordScanError;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 use crate::storage::Partition;
 
@@ -37,12 +38,21 @@ pub fn handle(
         .into_iter()
         .map(|topic| {
             let name = topic.name.0.as_str();
+            let denied = !ctx.authorized(state, AclOperation::Describe, ResourceType::Topic, name);
             let partitions = topic
                 .partitions
                 .into_iter()
                 .map(|p| {
                     let base = ListOffsetsPartitionResponse::default()
                         .with_partition_index(p.partition_index);
+                    if denied {
+                        let code = ResponseError::TopicAuthorizationFailed.code();
+                        metrics::partition_error("ListOffsets", code);
+                        return base
+                            .with_error_code(code)
+                            .with_timestamp(-1)
+                            .with_offset(-1);
+                    }
                     let Some(partition) = state.partition(name, p.partition_index) else {
                         metrics::partition_error(
                             "ListOffsets",

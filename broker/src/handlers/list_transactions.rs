@@ -12,6 +12,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 use crate::txn::{now_ms, TxnMetadata, TxnState};
 
@@ -59,6 +60,15 @@ pub fn handle(
         .list()
         .into_iter()
         .filter(|m| filter.matches(m))
+        // Only transactional ids the principal may describe are listed.
+        .filter(|m| {
+            ctx.authorized(
+                state,
+                AclOperation::Describe,
+                ResourceType::TransactionalId,
+                &m.transactional_id,
+            )
+        })
         .map(|m| {
             TransactionState::default()
                 .with_transactional_id(TransactionalId(StrBytes::from_string(m.transactional_id)))

@@ -17,14 +17,47 @@ use kafka_protocol::messages::{WriteTxnMarkersRequest, WriteTxnMarkersResponse};
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::AclOperation;
 use crate::state::BrokerState;
 
 /// Answers WriteTxnMarkers.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: WriteTxnMarkersRequest,
 ) -> WriteTxnMarkersResponse {
+    // Inter-broker API: ClusterAction on the cluster.
+    if !ctx.authorized_on_cluster(state, AclOperation::ClusterAction) {
+        let code = ResponseError::ClusterAuthorizationFailed.code();
+        let results = req
+            .markers
+            .iter()
+            .map(|m| {
+                WritableTxnMarkerResult::default()
+                    .with_producer_id(m.producer_id)
+                    .with_topics(
+                        m.topics
+                            .iter()
+                            .map(|t| {
+                                WritableTxnMarkerTopicResult::default()
+                                    .with_name(t.name.clone())
+                                    .with_partitions(
+                                        t.partition_indexes
+                                            .iter()
+                                            .map(|&p| {
+                                                WritableTxnMarkerPartitionResult::default()
+                                                    .with_partition_index(p)
+                                                    .with_error_code(code)
+                                            })
+                                            .collect(),
+                                    )
+                            })
+                            .collect(),
+                    )
+            })
+            .collect();
+        return WriteTxnMarkersResponse::default().with_markers(results);
+    }
     let mut results = Vec::with_capacity(req.markers.len());
     for marker in req.markers {
         results.push(write_one(state, marker).await);
