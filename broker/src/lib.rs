@@ -22,7 +22,6 @@
 //! # }
 //! ```
 
-pub mod batch_header;
 pub mod codec;
 pub mod config;
 pub mod decompress;

@@ -16,6 +16,9 @@ use tokio::time::Instant;
 
 use super::RequestContext;
 use crate::metrics;
+
+mod frame;
+pub use frame::encode as encode_response;
 use crate::state::BrokerState;
 use crate::storage::ReadError;
 
