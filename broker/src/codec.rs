@@ -86,7 +86,8 @@ pub struct FrameReader<R> {
     buf: BytesMut,
     /// Size of `buf`'s allocation.
     buf_capacity: usize,
-    /// How much room a new buffer gets: four times the largest frame seen, within limits.
+    /// How much room a new buffer gets: four times the largest frame seen (rounded up to a
+    /// power of two), within limits.
     target: usize,
     /// Earlier buffers (and their allocation sizes), reused once their frames are dropped.
     spares: Vec<(BytesMut, usize)>,
@@ -157,9 +158,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 max: self.max,
             });
         };
-        self.target = self
-            .target
-            .max(want.saturating_add(4).saturating_mul(4).min(MAX_READ_BUFFER));
+        // Powers of two, so that slowly growing frames do not make every buffer too small.
+        let wanted = want.saturating_add(4).saturating_mul(4).next_power_of_two();
+        self.target = self.target.max(wanted.min(MAX_READ_BUFFER));
         Ok(Some(want))
     }
 
@@ -439,6 +440,32 @@ mod tests {
             "{} buffers allocated",
             reader.allocations()
         );
+    }
+
+    #[tokio::test]
+    async fn a_reader_whose_frames_are_dropped_stops_allocating() {
+        let mut input = Vec::new();
+        for i in 0..300usize {
+            input.extend(frame(&vec![i as u8; 200_000 + i]));
+        }
+        let (mut tx, rx) = tokio::io::duplex(64 * 1024);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            tx.write_all(&input).await.unwrap();
+        });
+        let mut reader = FrameReader::new(rx, 1 << 20);
+        let mut after_warm_up = 0;
+        for i in 0..300usize {
+            let f = reader.next_frame().await.unwrap().unwrap();
+            assert_eq!(f.len(), 200_000 + i);
+            assert!(f.iter().all(|b| *b == i as u8), "frame {i}");
+            if i == 10 {
+                after_warm_up = reader.allocations();
+            }
+        }
+        writer.await.unwrap();
+        // 60 MB after the warm-up without a single new buffer.
+        assert_eq!(reader.allocations(), after_warm_up);
     }
 
     #[test]

@@ -347,7 +347,8 @@ async fn serve_connection(
     );
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     // Requests being handled or waiting for their turn to be written, in request order.
-    let mut in_flight: VecDeque<tokio::task::JoinHandle<Option<Option<ResponseFrame>>>> = VecDeque::new();
+    let mut in_flight: VecDeque<tokio::task::JoinHandle<Option<Option<ResponseFrame>>>> =
+        VecDeque::new();
     // The newest request's gate: no new request starts until it fires.
     let mut gate: Option<oneshot::Receiver<bool>> = None;
     let mut reading = true;

@@ -18,9 +18,9 @@ use super::RequestContext;
 use crate::metrics;
 
 mod frame;
-pub use frame::encode as encode_response;
 use crate::state::BrokerState;
 use crate::storage::ReadError;
+pub use frame::encode as encode_response;
 
 /// Fetch `isolation_level` of read_committed consumers.
 pub const READ_COMMITTED: i8 = 1;

@@ -14,8 +14,8 @@ use super::RequestContext;
 use crate::decompress::DecompressError;
 use crate::metrics;
 use crate::record_timestamps::RecordScanError;
-use crate::storage::batch::parse_header;
 use crate::state::BrokerState;
+use crate::storage::batch::parse_header;
 use crate::storage::Partition;
 
 /// Special timestamp: the log start offset.

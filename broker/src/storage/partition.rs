@@ -236,7 +236,10 @@ impl Partition {
     }
 
     /// [`Partition::append`] of records already split and validated.
-    pub fn append_produced(&self, produced: &ProducedBatches) -> Result<AppendOutcome, AppendError> {
+    pub fn append_produced(
+        &self,
+        produced: &ProducedBatches,
+    ) -> Result<AppendOutcome, AppendError> {
         let pending = self.append_produced_unsynced(produced)?;
         self.finish(pending)
     }

@@ -42,7 +42,10 @@ pub fn encode(
     out.head.put_i32(0); // size, filled in at the end
     ResponseHeader::default()
         .with_correlation_id(correlation_id)
-        .encode(&mut out.head, ApiKey::Fetch.response_header_version(version))
+        .encode(
+            &mut out.head,
+            ApiKey::Fetch.response_header_version(version),
+        )
         .map_err(|e| encode_err(e.to_string()))?;
     out.head.put_i32(response.throttle_time_ms);
     if version >= 7 {

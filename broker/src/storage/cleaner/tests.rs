@@ -9,8 +9,8 @@ use bytes::Bytes;
 use kafka_protocol::records::RecordBatchDecoder;
 
 use super::swap;
-use crate::storage::batch::parse_header;
 use crate::storage::backend::StorageBackend;
+use crate::storage::batch::parse_header;
 use crate::storage::batch::{encode_batch, BatchSpec, RecordSpec};
 use crate::storage::{LogConfig, MemBackend, StorageConfig, Store};
 
