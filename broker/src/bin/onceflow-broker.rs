@@ -9,14 +9,6 @@ use onceflow_broker::config::DEFAULT_MAX_REQUEST_BYTES;
 use onceflow_broker::storage::{FsyncPolicy, StorageConfig};
 use onceflow_broker::BrokerConfig;
 
-// The binary's allocator: mimalloc keeps freed request and response buffers for reuse instead
-// of handing them back to the kernel, which zeroes every fresh page again (see
-// docs/BENCHMARKS.md, "Broker vs librdkafka mock cluster"). Only the binary sets it: a program
-// embedding the broker library keeps its own allocator.
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// A single-node Kafka-wire-protocol broker with a durable log.
 #[derive(Debug, Parser)]
 #[command(name = "onceflow-broker", version)]
