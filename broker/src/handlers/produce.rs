@@ -86,7 +86,9 @@ pub async fn handle(
         targets
             .into_iter()
             // through the transaction layer, which checks transactional batches
-            .map(|job| job.map(|(partition, produced)| state.txn.append(&partition, &produced)))
+            .map(|job| {
+                job.map(|(partition, produced)| state.txn.append_produced(&partition, &produced))
+            })
             .collect()
     };
 
@@ -208,7 +210,10 @@ async fn append_in_parallel(
                 let results = group
                     .into_iter()
                     .map(|(slot, produced)| {
-                        (slot, state.txn.append_unsynced(&partition, &produced))
+                        (
+                            slot,
+                            state.txn.append_produced_unsynced(&partition, &produced),
+                        )
                     })
                     .collect::<Vec<_>>();
                 (partition, results)

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use kafka_protocol::ResponseError;
 
 use super::coordinator::{Coordinator, CoordinatorConfig, MarkerJob, ProducerIdSource, Step};
@@ -208,7 +209,7 @@ impl TxnManager {
     /// epoch, partition added to the open transaction) under the partition's transaction
     /// lock; the store records the transaction's first offset. Other batches go straight to
     /// the store.
-    pub fn append(
+    pub fn append_produced(
         &self,
         partition: &Arc<Partition>,
         produced: &ProducedBatches,
@@ -216,10 +217,21 @@ impl TxnManager {
         self.checked_append(partition, produced, |p, b| p.append_produced(b))
     }
 
-    /// [`append`](Self::append) without waiting for the fsync (group commit): the same
-    /// transactional checks under the same lock, then [`Partition::append_produced_unsynced`];
-    /// the caller makes the write durable with [`Partition::make_durable`] before answering.
-    pub fn append_unsynced(
+    /// [`append_produced`](Self::append_produced) of records not yet split and validated.
+    pub fn append(
+        &self,
+        partition: &Arc<Partition>,
+        records: Bytes,
+    ) -> std::result::Result<AppendOutcome, TxnProduceError> {
+        let produced = ProducedBatches::parse(records).map_err(AppendError::from)?;
+        self.append_produced(partition, &produced)
+    }
+
+    /// [`append_produced`](Self::append_produced) without waiting for the fsync (group
+    /// commit): the same transactional checks under the same lock, then
+    /// [`Partition::append_produced_unsynced`]; the caller makes the write durable with
+    /// [`Partition::make_durable`] before answering.
+    pub fn append_produced_unsynced(
         &self,
         partition: &Arc<Partition>,
         produced: &ProducedBatches,
