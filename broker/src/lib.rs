@@ -24,7 +24,6 @@
 //! # }
 //! ```
 
-pub mod batch_header;
 pub mod codec;
 pub mod config;
 pub mod decompress;

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore}
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use crate::codec;
+use crate::codec::{self, ResponseFrame};
 use crate::config::{parse_host_port, BrokerConfig};
 use crate::error::{BrokerError, Result};
 use crate::handlers::{self, api_name, DispatchError};
@@ -419,7 +419,7 @@ async fn open_connection(
 async fn serve_connection<R, W>(
     state: Arc<BrokerState>,
     session: Arc<Session>,
-    mut reader: R,
+    reader: R,
     writer: W,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -434,8 +434,9 @@ async fn serve_connection<R, W>(
     let read_ahead = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
     let read_task = tokio::spawn(
         async move {
+            let mut reader = codec::FrameReader::new(reader, max);
             loop {
-                match codec::read_frame(&mut reader, max).await {
+                match reader.next_frame().await {
                     Ok(Some(frame)) => {
                         metrics::bytes_in(frame.len() + 4);
                         // Held until the request is handled; waits while the connection
@@ -461,7 +462,8 @@ async fn serve_connection<R, W>(
     );
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     // Requests being handled or waiting for their turn to be written, in request order.
-    let mut in_flight: VecDeque<tokio::task::JoinHandle<Option<Option<Bytes>>>> = VecDeque::new();
+    let mut in_flight: VecDeque<tokio::task::JoinHandle<Option<Option<ResponseFrame>>>> =
+        VecDeque::new();
     // The newest request's gate: no new request starts until it fires.
     let mut gate: Option<oneshot::Receiver<bool>> = None;
     let mut reading = true;
@@ -480,9 +482,9 @@ async fn serve_connection<R, W>(
                     // A bad request (or a failed task): close after the earlier answers.
                     break;
                 };
-                if let Some(bytes) = response {
-                    metrics::bytes_out(bytes.len());
-                    if let Err(e) = writer.write_all(&bytes).await {
+                if let Some(frame) = response {
+                    metrics::bytes_out(frame.len());
+                    if let Err(e) = write_frame(&mut writer, &frame).await {
                         tracing::debug!(error = %e, "write failed");
                         break;
                     }
@@ -491,8 +493,13 @@ async fn serve_connection<R, W>(
                     // e.g. a failed SASL authentication: the answer is out, then close.
                     break;
                 }
+                // Answers that are ready go out in one write; otherwise this one goes out
+                // now. (Waiting for queued requests to be handled first held each answer back
+                // by the handling of the requests pipelined behind it: a producer with five
+                // requests in flight saw its answers in bursts, and a long-polling fetch queued
+                // behind a request held that request's answer for the whole poll.)
                 let next_ready = in_flight.front().is_some_and(|t| t.is_finished());
-                if !next_ready && frames.is_empty() {
+                if !next_ready {
                     if let Err(e) = writer.flush().await {
                         tracing::debug!(error = %e, "flush failed");
                         break;
@@ -540,13 +547,25 @@ async fn serve_connection<R, W>(
     tracing::debug!(%peer, "connection closed");
 }
 
+/// Writes a response's pieces in order. The writer buffers small pieces and passes large ones
+/// (records served from the log) straight to the socket.
+async fn write_frame<W: tokio::io::AsyncWrite + Unpin>(
+    writer: &mut W,
+    frame: &ResponseFrame,
+) -> std::io::Result<()> {
+    for part in frame.parts() {
+        writer.write_all(part).await?;
+    }
+    Ok(())
+}
+
 /// Handles one frame inside a request span. `None` closes the connection; `Some(None)` is a
 /// request without a response.
 async fn handle_frame(
     state: &Arc<BrokerState>,
     session: &Arc<Session>,
     frame: Bytes,
-) -> Option<Option<Bytes>> {
+) -> Option<Option<ResponseFrame>> {
     let started = Instant::now();
     let prefix = codec::peek_prefix(&frame).ok();
     let span = tracing::debug_span!(

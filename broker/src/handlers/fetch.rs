@@ -17,8 +17,11 @@ use tokio::time::Instant;
 use super::RequestContext;
 use crate::metrics;
 use crate::security::{AclOperation, ResourceType};
+
+mod frame;
 use crate::state::BrokerState;
 use crate::storage::ReadError;
+pub use frame::encode as encode_response;
 
 /// Fetch `isolation_level` of read_committed consumers.
 pub const READ_COMMITTED: i8 = 1;

@@ -16,6 +16,7 @@ use crate::metrics;
 use crate::record_timestamps::RecordScanError;
 use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
+use crate::storage::batch::parse_header;
 use crate::storage::Partition;
 
 /// Special timestamp: the log start offset.
@@ -143,10 +144,10 @@ fn offset_for_timestamp(
                 return Ok(None);
             }
         };
-        let Some(header) = crate::batch_header::BatchHeader::parse(&bytes) else {
+        let Ok(header) = parse_header(&bytes) else {
             return Ok(None);
         };
-        let Some(batch) = bytes.get(..header.total_len()) else {
+        let Some(batch) = bytes.get(..header.size) else {
             return Ok(None);
         };
         if header.max_timestamp >= ts {
@@ -188,12 +189,12 @@ fn max_timestamp(partition: &Partition) -> Option<(i64, i64)> {
         }
         let started_at = offset;
         let mut rest = &bytes[..];
-        while let Some(header) = crate::batch_header::BatchHeader::parse(rest) {
+        while let Ok(header) = parse_header(rest) {
             if header.max_timestamp > best.map_or(i64::MIN, |b| b.1) {
                 best = Some((header.last_offset(), header.max_timestamp));
             }
             offset = offset.max(header.last_offset().saturating_add(1));
-            rest = rest.get(header.total_len()..)?;
+            rest = rest.get(header.size..)?;
         }
         // No progress (unparsable bytes or offsets that do not advance): stop, never spin.
         if rest.len() == bytes.len() || offset <= started_at {

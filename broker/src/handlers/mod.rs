@@ -63,7 +63,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Decodable, Encodable};
 
-use crate::codec::{self, CodecError};
+use crate::codec::{self, CodecError, ResponseFrame};
 use crate::security::{AclOperation, ResourceType, Session};
 use crate::state::BrokerState;
 
@@ -200,7 +200,7 @@ pub struct Handled {
     /// The decoded request header.
     pub ctx: RequestContext,
     /// The response frame, size prefix included.
-    pub response: Option<Bytes>,
+    pub response: Option<ResponseFrame>,
 }
 
 /// Decodes and handles one request frame (size prefix removed) outside any connection, as
@@ -253,7 +253,7 @@ pub async fn dispatch_in_session(
         };
         return Ok(Handled {
             ctx,
-            response: Some(response),
+            response: Some(response.into()),
         });
     }
     if !api_versions::is_supported(api_key, version) {
@@ -338,7 +338,12 @@ pub async fn dispatch_in_session(
         }
         ApiKey::Fetch => {
             let req: FetchRequest = decode(&ctx, body)?;
-            Some(encode(&ctx, &fetch::handle(state, &ctx, req).await)?)
+            let resp = fetch::handle(state, &ctx, req).await;
+            Some(fetch::encode_response(
+                ctx.version,
+                ctx.correlation_id,
+                &resp,
+            )?)
         }
         ApiKey::ListOffsets => {
             let req: ListOffsetsRequest = decode(&ctx, body)?;
@@ -486,8 +491,8 @@ fn decode<T: Decodable>(ctx: &RequestContext, body: Bytes) -> Result<T, CodecErr
     codec::decode_body(ctx.api_key, ctx.version, body)
 }
 
-fn encode<T: Encodable>(ctx: &RequestContext, body: &T) -> Result<Bytes, CodecError> {
-    codec::encode_response(ctx.api_key, ctx.version, ctx.correlation_id, body)
+fn encode<T: Encodable>(ctx: &RequestContext, body: &T) -> Result<ResponseFrame, CodecError> {
+    codec::encode_response(ctx.api_key, ctx.version, ctx.correlation_id, body).map(Into::into)
 }
 
 /// Metric/log label of an API.

@@ -16,6 +16,7 @@ use super::RequestContext;
 use crate::metrics;
 use crate::security::{AclOperation, ResourceType};
 use crate::state::{BrokerState, TopicLookup};
+use crate::storage::batch::ProducedBatches;
 use crate::storage::{AppendError, AppendOutcome, Partition};
 use crate::txn::TxnProduceError;
 
@@ -23,7 +24,7 @@ use crate::txn::TxnProduceError;
 struct Job {
     topic: usize,
     index: i32,
-    target: Result<(Arc<Partition>, Bytes), (ResponseError, String)>,
+    target: Result<(Arc<Partition>, ProducedBatches), (ResponseError, String)>,
 }
 
 /// Answers Produce.
@@ -81,17 +82,7 @@ pub async fn handle(
                     )),
                     (_, Some(partition)) => match p.records {
                         Some(records) => {
-                            let max = partition.log_config().max_message_bytes;
-                            match largest_batch(&records) {
-                                Some(size) if size > max.max(0) as usize => Err((
-                                    ResponseError::MessageTooLarge,
-                                    format!(
-                                        "record batch of {size} bytes is larger than the \
-                                         topic's max.message.bytes {max}"
-                                    ),
-                                )),
-                                _ => Ok((partition, records)),
-                            }
+                            parse_records(ctx, &partition, records).map(|b| (partition, b))
                         }
                         None => Err((ResponseError::CorruptMessage, "null records".into())),
                     },
@@ -116,7 +107,9 @@ pub async fn handle(
         targets
             .into_iter()
             // through the transaction layer, which checks transactional batches
-            .map(|job| job.map(|(partition, records)| state.txn.append(&partition, records)))
+            .map(|job| {
+                job.map(|(partition, produced)| state.txn.append_produced(&partition, &produced))
+            })
             .collect()
     };
 
@@ -215,16 +208,17 @@ type AppendResult = Result<AppendOutcome, TxnProduceError>;
 /// to the same partition stay in request order. `None` marks a task that died.
 async fn append_in_parallel(
     state: &Arc<BrokerState>,
-    jobs: Vec<Option<(Arc<Partition>, Bytes)>>,
+    jobs: Vec<Option<(Arc<Partition>, ProducedBatches)>>,
 ) -> Vec<Option<AppendResult>> {
     // (partition, [(job slot, records)])
-    type Group = (Arc<Partition>, Vec<(usize, Bytes)>);
+    type Group = (Arc<Partition>, Vec<(usize, ProducedBatches)>);
     let mut groups: Vec<Group> = Vec::new();
-    for (slot, job) in jobs.iter().enumerate() {
-        if let Some((partition, records)) = job {
-            match groups.iter_mut().find(|(p, _)| Arc::ptr_eq(p, partition)) {
-                Some((_, group)) => group.push((slot, records.clone())),
-                None => groups.push((Arc::clone(partition), vec![(slot, records.clone())])),
+    let slots = jobs.len();
+    for (slot, job) in jobs.into_iter().enumerate() {
+        if let Some((partition, produced)) = job {
+            match groups.iter_mut().find(|(p, _)| Arc::ptr_eq(p, &partition)) {
+                Some((_, group)) => group.push((slot, produced)),
+                None => groups.push((partition, vec![(slot, produced)])),
             }
         }
     }
@@ -236,7 +230,12 @@ async fn append_in_parallel(
             tokio::task::spawn_blocking(move || {
                 let results = group
                     .into_iter()
-                    .map(|(slot, records)| (slot, state.txn.append_unsynced(&partition, records)))
+                    .map(|(slot, produced)| {
+                        (
+                            slot,
+                            state.txn.append_produced_unsynced(&partition, &produced),
+                        )
+                    })
                     .collect::<Vec<_>>();
                 (partition, results)
             })
@@ -282,7 +281,7 @@ async fn append_in_parallel(
             })
         })
         .collect();
-    let mut outcomes: Vec<Option<AppendResult>> = jobs.iter().map(|_| None).collect();
+    let mut outcomes: Vec<Option<AppendResult>> = (0..slots).map(|_| None).collect();
     for task in syncs {
         match task.await {
             Ok(results) => {
@@ -314,8 +313,35 @@ pub fn map_append_error(version: i16, error: &AppendError) -> (ResponseError, St
     (code, error.to_string())
 }
 
-/// The size of the largest record batch in a Produce request's records field (framing errors
-/// are left to the append, which refuses them with CORRUPT_MESSAGE).
+/// Splits and validates one partition's records, once for the whole produce path, and
+/// checks them against the topic's max.message.bytes. A batch that is too large is reported
+/// as such even when a later batch is damaged.
+fn parse_records(
+    ctx: &RequestContext,
+    partition: &Partition,
+    records: Bytes,
+) -> Result<ProducedBatches, (ResponseError, String)> {
+    let max = partition.log_config().max_message_bytes.max(0) as usize;
+    let too_large = |size: usize| {
+        (
+            ResponseError::MessageTooLarge,
+            format!(
+                "record batch of {size} bytes is larger than the topic's max.message.bytes {max}"
+            ),
+        )
+    };
+    match ProducedBatches::parse(records.clone()) {
+        Ok(produced) if produced.largest() > max => Err(too_large(produced.largest())),
+        Ok(produced) => Ok(produced),
+        Err(fault) => match largest_batch(&records) {
+            Some(size) if size > max => Err(too_large(size)),
+            _ => Err(map_append_error(ctx.version, &fault.into())),
+        },
+    }
+}
+
+/// The size of the largest record batch in a Produce request's records field, as far as its
+/// framing can be followed.
 fn largest_batch(records: &[u8]) -> Option<usize> {
     let mut pos = 0;
     let mut largest = None;

@@ -86,7 +86,7 @@ pub fn raw_token(
             client_id: None,
             session: Arc::clone(session),
         },
-        response: Some(out.freeze()),
+        response: Some(out.freeze().into()),
     })
 }
 

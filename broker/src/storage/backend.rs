@@ -30,6 +30,10 @@ pub trait BackendFile: Send + Sync + fmt::Debug {
     }
     /// Appends `data` at the end; returns the position it was written at.
     fn append(&self, data: &[u8]) -> io::Result<u64>;
+    /// Appends the concatenation of `parts` at the end (without concatenating them in
+    /// memory first); returns the position it was written at. On an error the file may hold
+    /// a prefix of the parts: the caller truncates.
+    fn append_parts(&self, parts: &[&[u8]]) -> io::Result<u64>;
     /// Reads up to `len` bytes at `pos`; shorter only at the end of the file.
     fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes>;
     /// Forces written data to stable storage.
@@ -83,6 +87,18 @@ impl BackendFile for DiskFile {
         let pos = *len;
         self.file.write_all_at(data, pos)?;
         *len = pos + data.len() as u64;
+        Ok(pos)
+    }
+
+    fn append_parts(&self, parts: &[&[u8]]) -> io::Result<u64> {
+        let mut len = self.len.lock().unwrap_or_else(|p| p.into_inner());
+        let pos = *len;
+        let mut at = pos;
+        for part in parts {
+            self.file.write_all_at(part, at)?;
+            at += part.len() as u64;
+        }
+        *len = at;
         Ok(pos)
     }
 
@@ -216,8 +232,11 @@ mod tests {
         let f = b.open(&p).expect("open");
         assert_eq!(f.append(b"hello").unwrap(), 0);
         assert_eq!(f.append(b" world").unwrap(), 5);
+
         assert_eq!(&f.read_at(3, 5).unwrap()[..], b"lo wo");
         assert_eq!(&f.read_at(8, 100).unwrap()[..], b"rld");
+        assert_eq!(f.append_parts(&[b"!", b"", b"?"]).unwrap(), 11);
+        assert_eq!(&f.read_at(10, 3).unwrap()[..], b"d!?");
         f.sync().unwrap();
         f.truncate(5).unwrap();
         assert_eq!(f.len(), 5);

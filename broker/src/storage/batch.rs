@@ -13,7 +13,7 @@
 //! ```
 //! The CRC does not cover baseOffset, so the broker assigns offsets by rewriting 8 bytes.
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 /// Size of the fixed RecordBatch v2 header.
 pub const HEADER_LEN: usize = 61;
@@ -249,6 +249,46 @@ pub fn split_batches(buf: &[u8]) -> Result<Vec<(usize, BatchHeader)>, BatchFault
         pos += size;
     }
     Ok(out)
+}
+
+/// The records of one partition in a Produce request, split into batches and validated once
+/// ([`split_batches`]: framing, magic, CRC-32C, counts). The produce handler (size limit), the
+/// transaction layer (the producer of a transactional batch) and the log append all read
+/// these headers; none parses the bytes again.
+#[derive(Debug, Clone)]
+pub struct ProducedBatches {
+    records: Bytes,
+    batches: Vec<(usize, BatchHeader)>,
+}
+
+impl ProducedBatches {
+    /// Splits and validates `records` as a producer sent them (whole batches, one record per
+    /// offset, no trailing bytes).
+    pub fn parse(records: Bytes) -> Result<Self, BatchFault> {
+        let batches = split_batches(&records)?;
+        Ok(ProducedBatches { records, batches })
+    }
+
+    /// The bytes as received.
+    pub fn records(&self) -> &Bytes {
+        &self.records
+    }
+
+    /// Each batch's position in [`Self::records`] and its header, in order (never empty).
+    pub fn batches(&self) -> &[(usize, BatchHeader)] {
+        &self.batches
+    }
+
+    /// The first batch's header.
+    pub fn first(&self) -> &BatchHeader {
+        // split_batches refuses empty records, so there is always a first batch.
+        &self.batches[0].1
+    }
+
+    /// Size in bytes of the largest batch.
+    pub fn largest(&self) -> usize {
+        self.batches.iter().map(|(_, h)| h.size).max().unwrap_or(0)
+    }
 }
 
 /// Whether `records` holds whole batches and none of them has a record (batches the log

@@ -48,6 +48,15 @@ impl StorageError {
 /// Result of store-level operations.
 pub type Result<T> = std::result::Result<T, StorageError>;
 
+impl From<super::batch::BatchFault> for AppendError {
+    fn from(fault: super::batch::BatchFault) -> Self {
+        match fault {
+            super::batch::BatchFault::Corrupt(m) => AppendError::CorruptMessage(m),
+            super::batch::BatchFault::Invalid(m) => AppendError::InvalidRecord(m),
+        }
+    }
+}
+
 /// Why `Partition::append` refused a produce request. Each maps onto a Kafka error code.
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {

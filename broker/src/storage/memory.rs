@@ -84,12 +84,19 @@ impl Chunks {
     }
 
     fn extend(&mut self, data: &[u8]) {
-        if self.tail.capacity() - self.tail.len() < data.len() {
+        self.extend_parts(&[data]);
+    }
+
+    fn extend_parts(&mut self, parts: &[&[u8]]) {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if self.tail.capacity() - self.tail.len() < len {
             // Reserve in proportion to the file, so small files (indexes) stay small.
             let ahead = self.len().clamp(4096, MAX_TAIL_RESERVE);
-            self.tail.reserve(data.len().max(ahead));
+            self.tail.reserve(len.max(ahead));
         }
-        self.tail.extend_from_slice(data);
+        for part in parts {
+            self.tail.extend_from_slice(part);
+        }
     }
 
     /// Bytes `start..end` (clamped to the file).
@@ -175,6 +182,14 @@ impl BackendFile for MemFile {
         let mut d = self.lock();
         let pos = d.bytes.len() as u64;
         d.bytes.extend(data);
+        Ok(pos)
+    }
+
+    fn append_parts(&self, parts: &[&[u8]]) -> io::Result<u64> {
+        self.faults.write()?;
+        let mut d = self.lock();
+        let pos = d.bytes.len() as u64;
+        d.bytes.extend_parts(parts);
         Ok(pos)
     }
 

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::backend::{BackendFile, StorageBackend};
-use super::batch::{self, BatchFault, BatchHeader};
+use super::batch::{self, BatchHeader, ProducedBatches};
 use super::config::FsyncPolicy;
 use super::error::{AppendError, StorageError};
 use super::log_config::LogConfig;
@@ -124,13 +124,6 @@ pub struct PendingAppend {
     pub durable_at: Option<i64>,
 }
 
-fn fault_to_error(f: BatchFault) -> AppendError {
-    match f {
-        BatchFault::Corrupt(m) => AppendError::CorruptMessage(m),
-        BatchFault::Invalid(m) => AppendError::InvalidRecord(m),
-    }
-}
-
 impl Partition {
     /// Opens (recovering) or creates the partition stored in `dir`.
     pub(crate) fn open(
@@ -239,7 +232,15 @@ impl Partition {
     /// magic and CRC-32C, runs the idempotent-producer checks, assigns offsets by rewriting
     /// baseOffset only, stores the bytes and fsyncs per policy before returning.
     pub fn append(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
-        let pending = self.append_unsynced(records)?;
+        self.append_produced(&ProducedBatches::parse(records)?)
+    }
+
+    /// [`Partition::append`] of records already split and validated.
+    pub fn append_produced(
+        &self,
+        produced: &ProducedBatches,
+    ) -> Result<AppendOutcome, AppendError> {
+        let pending = self.append_produced_unsynced(produced)?;
         self.finish(pending)
     }
 
@@ -249,16 +250,24 @@ impl Partition {
     /// `durable_at`. Lets a caller order its next append before this one's fsync completes,
     /// so one fsync covers both (group commit).
     pub fn append_unsynced(&self, records: Bytes) -> Result<PendingAppend, AppendError> {
-        let batches = batch::split_batches(&records).map_err(fault_to_error)?;
+        self.append_produced_unsynced(&ProducedBatches::parse(records)?)
+    }
+
+    /// [`Partition::append_unsynced`] of records already split and validated.
+    pub fn append_produced_unsynced(
+        &self,
+        produced: &ProducedBatches,
+    ) -> Result<PendingAppend, AppendError> {
+        let (records, batches) = (produced.records(), produced.batches());
         if batches.iter().any(|(_, h)| h.is_control()) {
             return Err(AppendError::InvalidRecord(
                 "clients may not write control batches".into(),
             ));
         }
         if self.log_config().cleanup_policy.compact {
-            super::cleaner::records::check_keyed(&records, &batches)?;
+            super::cleaner::records::check_keyed(records, batches)?;
         }
-        self.append_validated(&records, &batches)
+        self.append_validated(records, batches)
     }
 
     fn finish(&self, pending: PendingAppend) -> Result<AppendOutcome, AppendError> {
@@ -277,7 +286,7 @@ impl Partition {
     /// A marker closes the producer's open transaction on this partition
     /// (`ProducerEntry::txn_first_offset`).
     pub fn append_control(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
-        let batches = batch::split_batches(&records).map_err(fault_to_error)?;
+        let batches = batch::split_batches(&records)?;
         if let Some((_, h)) = batches.iter().find(|(_, h)| !h.is_control()) {
             return Err(AppendError::InvalidRecord(format!(
                 "append_control takes control batches only (attributes {:#x})",
@@ -411,12 +420,21 @@ impl Partition {
             }
             assigned.push(h);
         }
-        let mut buf = BytesMut::from(records);
-        for ((pos, _), h) in batches.iter().zip(&assigned) {
-            batch::set_base_offset(&mut buf[*pos..], h.base_offset);
+        // The stored bytes are the producer's with each batch's baseOffset replaced (it is
+        // outside the CRC): the log file gets the new offsets and the rest of each batch as
+        // pieces, so the records are copied once, into the log, and never re-encoded.
+        let offsets: Vec<[u8; 8]> = assigned
+            .iter()
+            .map(|h| h.base_offset.to_be_bytes())
+            .collect();
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * batches.len());
+        for (((pos, _), h), offset) in batches.iter().zip(&assigned).zip(&offsets) {
+            parts.push(offset);
+            parts.push(&records[*pos + 8..*pos + h.size]);
         }
+        let written: usize = parts.iter().map(|p| p.len()).sum();
         let active_size = st.segments.last().map_or(0, Segment::size);
-        if active_size > 0 && active_size + buf.len() as u64 > self.log_config().segment_bytes {
+        if active_size > 0 && active_size + written as u64 > self.log_config().segment_bytes {
             if let Err(e) = self.roll(st) {
                 // After a failed fsync nothing is known about what reached the disk.
                 st.failed = Some(format!("segment roll failed: {e}"));
@@ -431,7 +449,7 @@ impl Partition {
             .into());
         };
         let old_size = active.size();
-        let start = match active.log.append(&buf) {
+        let start = match active.log.append_parts(&parts) {
             Ok(pos) => pos,
             Err(e) => {
                 let err = self.io_err(&active.log_path, e);
@@ -456,7 +474,7 @@ impl Partition {
         }
         st.log_end = next;
         st.unsynced = true;
-        self.metrics.bytes_appended.increment(buf.len() as u64);
+        self.metrics.bytes_appended.increment(written as u64);
         self.metrics.log_end_offset.set(next as f64);
         let outcome = AppendOutcome {
             base_offset,

@@ -23,7 +23,7 @@ use super::error::{Result, TxnError};
 use super::log::{LogImage, TxnLog};
 use super::metrics;
 use super::state::TopicPartition;
-use crate::storage::batch::parse_header;
+use crate::storage::batch::ProducedBatches;
 use crate::storage::{AppendError, AppendOutcome, Partition, PendingAppend, Store};
 
 /// Name of the transaction-state directory inside the broker's data dir.
@@ -204,27 +204,39 @@ impl TxnManager {
             .clone()
     }
 
-    /// Appends a Produce request's records to `partition`. Transactional batches are
-    /// checked against the coordinator (current epoch, partition added to the open
-    /// transaction) under the partition's transaction lock; the store records the
-    /// transaction's first offset. Other batches go straight to the store.
+    /// Appends a Produce request's records (split and validated by the caller) to
+    /// `partition`. Transactional batches are checked against the coordinator (current
+    /// epoch, partition added to the open transaction) under the partition's transaction
+    /// lock; the store records the transaction's first offset. Other batches go straight to
+    /// the store.
+    pub fn append_produced(
+        &self,
+        partition: &Arc<Partition>,
+        produced: &ProducedBatches,
+    ) -> std::result::Result<AppendOutcome, TxnProduceError> {
+        self.checked_append(partition, produced, |p, b| p.append_produced(b))
+    }
+
+    /// [`append_produced`](Self::append_produced) of records not yet split and validated.
     pub fn append(
         &self,
         partition: &Arc<Partition>,
         records: Bytes,
     ) -> std::result::Result<AppendOutcome, TxnProduceError> {
-        self.checked_append(partition, records, |p, r| p.append(r))
+        let produced = ProducedBatches::parse(records).map_err(AppendError::from)?;
+        self.append_produced(partition, &produced)
     }
 
-    /// [`append`](Self::append) without waiting for the fsync (group commit): the same
-    /// transactional checks under the same lock, then [`Partition::append_unsynced`]; the
-    /// caller makes the write durable with [`Partition::make_durable`] before answering.
-    pub fn append_unsynced(
+    /// [`append_produced`](Self::append_produced) without waiting for the fsync (group
+    /// commit): the same transactional checks under the same lock, then
+    /// [`Partition::append_produced_unsynced`]; the caller makes the write durable with
+    /// [`Partition::make_durable`] before answering.
+    pub fn append_produced_unsynced(
         &self,
         partition: &Arc<Partition>,
-        records: Bytes,
+        produced: &ProducedBatches,
     ) -> std::result::Result<PendingAppend, TxnProduceError> {
-        self.checked_append(partition, records, |p, r| p.append_unsynced(r))
+        self.checked_append(partition, produced, |p, b| p.append_produced_unsynced(b))
     }
 
     /// Checks a transactional batch against the coordinator and appends it with `write`,
@@ -232,13 +244,13 @@ impl TxnManager {
     fn checked_append<T>(
         &self,
         partition: &Arc<Partition>,
-        records: Bytes,
-        write: impl FnOnce(&Partition, Bytes) -> std::result::Result<T, AppendError>,
+        produced: &ProducedBatches,
+        write: impl FnOnce(&Partition, &ProducedBatches) -> std::result::Result<T, AppendError>,
     ) -> std::result::Result<T, TxnProduceError> {
-        let header = match parse_header(&records) {
-            Ok(h) if h.is_transactional() && h.has_producer_id() && !h.is_control() => h,
-            _ => return Ok(write(partition, records)?),
-        };
+        let header = *produced.first();
+        if !(header.is_transactional() && header.has_producer_id() && !header.is_control()) {
+            return Ok(write(partition, produced)?);
+        }
         let lock = self.partition_lock(partition);
         let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(code) = self.coordinator().check_produce(
@@ -258,7 +270,7 @@ impl TxnManager {
             );
             return Err(TxnProduceError::Refused(code));
         }
-        Ok(write(partition, records)?)
+        Ok(write(partition, produced)?)
     }
 
     /// InitProducerId with a transactional id. A fenced open transaction is aborted before

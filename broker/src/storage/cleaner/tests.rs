@@ -9,8 +9,8 @@ use bytes::Bytes;
 use kafka_protocol::records::RecordBatchDecoder;
 
 use super::swap;
-use crate::batch_header::BatchHeader;
 use crate::storage::backend::StorageBackend;
+use crate::storage::batch::parse_header;
 use crate::storage::batch::{encode_batch, BatchSpec, RecordSpec};
 use crate::storage::{LogConfig, MemBackend, StorageConfig, Store};
 
@@ -57,8 +57,8 @@ fn contents(store: &Store) -> Vec<(i64, String)> {
         let bytes: Bytes = p.read(offset, 1 << 20).unwrap();
         assert!(!bytes.is_empty(), "read at {offset} returned nothing");
         let mut pos = 0;
-        while let Some(h) = BatchHeader::parse(&bytes[pos..]) {
-            let mut one = bytes.slice(pos..pos + h.total_len());
+        while let Ok(h) = parse_header(&bytes[pos..]) {
+            let mut one = bytes.slice(pos..pos + h.size);
             for r in RecordBatchDecoder::decode(&mut one).unwrap().records {
                 if r.offset >= offset {
                     let v = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default());
@@ -66,7 +66,7 @@ fn contents(store: &Store) -> Vec<(i64, String)> {
                 }
             }
             offset = offset.max(h.last_offset() + 1);
-            pos += h.total_len();
+            pos += h.size;
             if pos >= bytes.len() {
                 break;
             }
@@ -139,8 +139,8 @@ fn recovery_finishes_or_rolls_back_each_swap_state() {
         // Only whole batches: cut at the first batch boundary past the middle.
         let mut pos = 0;
         while pos < copy.len() {
-            let h = BatchHeader::parse(&cleaned[pos..]).unwrap();
-            pos += h.total_len();
+            let h = parse_header(&cleaned[pos..]).unwrap();
+            pos += h.size;
         }
         let copy = cleaned[..pos].to_vec();
         let b: &dyn StorageBackend = &backend;
