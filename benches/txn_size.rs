@@ -167,9 +167,18 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.copy_child {
         return copy::run_child(copy::CopySpec {
-            brokers: args.brokers.clone().context("--copy-child needs --brokers")?,
-            input: args.copy_input.clone().context("--copy-child needs --copy-input")?,
-            output: args.copy_output.clone().context("--copy-child needs --copy-output")?,
+            brokers: args
+                .brokers
+                .clone()
+                .context("--copy-child needs --brokers")?,
+            input: args
+                .copy_input
+                .clone()
+                .context("--copy-child needs --copy-input")?,
+            output: args
+                .copy_output
+                .clone()
+                .context("--copy-child needs --copy-output")?,
             parallelism: args.parallelism.max(1),
             max_records: args.copy_max_records,
         });

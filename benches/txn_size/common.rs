@@ -217,13 +217,6 @@ pub struct Point {
 }
 
 impl Point {
-    /// MB/s of record values (10^6 bytes).
-    pub fn mb_per_s(&self) -> f64 {
-        self.records_per_s * self.record_bytes as f64 / 1e6
-    }
-}
-
-impl Point {
     /// One tab-separated line (NaN as `NaN`), read back by [`Point::from_tsv`].
     pub fn to_tsv(&self) -> String {
         format!(

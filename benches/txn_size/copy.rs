@@ -68,8 +68,7 @@ fn copy_partition(
             continue;
         };
         let m = m.context("consuming the input")?;
-        let mut rec: BaseRecord<'_, [u8], [u8]> =
-            BaseRecord::to(&s.output).partition(partition);
+        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&s.output).partition(partition);
         if let Some(k) = m.key() {
             rec = rec.key(k);
         }

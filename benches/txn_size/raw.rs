@@ -81,7 +81,9 @@ fn produce(
         let payload = vec![b'x'; s.record_bytes];
         send_retry(
             &p,
-            BaseRecord::to(topic).partition(partition).payload(&payload[..]),
+            BaseRecord::to(topic)
+                .partition(partition)
+                .payload(&payload[..]),
         )?;
         drain(&p);
         p.commit_transaction(T)?;

@@ -105,7 +105,13 @@ impl Row<'_> {
     }
     /// (min, max) records/s.
     pub fn rate_spread(&self) -> (f64, f64) {
-        min_max(&self.reps.iter().map(|p| p.records_per_s).collect::<Vec<_>>())
+        min_max(
+            &self
+                .reps
+                .iter()
+                .map(|p| p.records_per_s)
+                .collect::<Vec<_>>(),
+        )
     }
     /// Median records per transaction.
     pub fn per_txn(&self) -> f64 {
@@ -255,9 +261,10 @@ pub fn targets(points: &[Point]) -> String {
             );
         }
         // two-phase commit against the raw producers at the nearest transaction size
-        for a in rows.iter().filter(|r| {
-            r.storage == storage && r.bytes == bytes && r.mode == "two-phase-commit"
-        }) {
+        for a in rows
+            .iter()
+            .filter(|r| r.storage == storage && r.bytes == bytes && r.mode == "two-phase-commit")
+        {
             let raw = rows
                 .iter()
                 .filter(|r| r.storage == storage && r.bytes == bytes && r.mode == "raw-txn")

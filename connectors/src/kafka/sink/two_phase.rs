@@ -105,7 +105,10 @@ struct InFlight {
     /// The latest complete checkpoint when the commit started.
     completed: CheckpointId,
     /// The commit's outcome and how long it took.
-    task: tokio::task::JoinHandle<(std::result::Result<(), rdkafka::error::KafkaError>, Duration)>,
+    task: tokio::task::JoinHandle<(
+        std::result::Result<(), rdkafka::error::KafkaError>,
+        Duration,
+    )>,
 }
 
 /// A transactional producer with the producer id and epoch init_transactions gave it.
@@ -310,7 +313,9 @@ impl TwoPhaseWriter {
             }
             let cfg = self.cfg.clone();
             let id = slot.id.clone();
-            slot.warming = Some(tokio::task::spawn_blocking(move || make_producer(&cfg, &id)));
+            slot.warming = Some(tokio::task::spawn_blocking(move || {
+                make_producer(&cfg, &id)
+            }));
         }
     }
 
@@ -559,9 +564,9 @@ impl TwoPhaseWriter {
     /// Starts the commit of the slot sealed at `checkpoint` on a blocking thread if the open
     /// transaction holds records to overlap with; false if it did not start one.
     fn start_commit(&mut self, checkpoint: CheckpointId) -> bool {
-        let open_has_records = self.current.is_some_and(|i| {
-            matches!(self.slots[i].state, SlotState::Open { records, .. } if records > 0)
-        });
+        let open_has_records = self.current.is_some_and(
+            |i| matches!(self.slots[i].state, SlotState::Open { records, .. } if records > 0),
+        );
         if !open_has_records {
             return false;
         }
@@ -607,14 +612,18 @@ impl TwoPhaseWriter {
                 Ok((Ok(()), took)) => {
                     metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "two-phase-commit")
                         .record(took.as_secs_f64());
-                    metrics::histogram!(m::TXN_COMMIT_WAIT_SECONDS)
-                        .record(waited.as_secs_f64());
+                    metrics::histogram!(m::TXN_COMMIT_WAIT_SECONDS).record(waited.as_secs_f64());
                     metrics::histogram!(m::RECORDS_PER_TXN).record(f.handle.records as f64);
                     metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
                         .set(f.since.elapsed().as_secs_f64());
                     self.slots[f.slot].state = SlotState::Committed { at: f.completed };
                     self.confirmed.push(f.checkpoint);
-                    tracing::debug!(checkpoint = f.checkpoint, took_ms = took.as_secs_f64() * 1e3, waited_ms = waited.as_secs_f64() * 1e3, "overlapped commit done");
+                    tracing::debug!(
+                        checkpoint = f.checkpoint,
+                        took_ms = took.as_secs_f64() * 1e3,
+                        waited_ms = waited.as_secs_f64() * 1e3,
+                        "overlapped commit done"
+                    );
                 }
                 failed => {
                     let why = match &failed {
