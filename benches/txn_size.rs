@@ -1,15 +1,22 @@
 //! Exactly-once throughput and latency per transaction size.
 //!
-//! `cargo bench --bench txn_size -- --quick` (reduced grid, under 2 minutes) or without
-//! `--quick` for the full grid: a raw rdkafka transactional producer (no framework; delivery
-//! reports drained by polling before each commit) over transaction sizes, and the built
-//! `exactly_once_etl` example (child process) in modes none / at-least-once /
-//! transactional-offsets / two-phase-commit over checkpoint intervals; 100 B and 1 KiB
-//! records; the bundled broker in memory and durable, or `--brokers HOST:PORT`. Prints a
-//! markdown table and the targets, and writes `txn_size.md` and `txn_size.svg` to `--out`.
+//! `cargo bench --bench txn_size -- --quick` (reduced grid, one repetition, a few minutes) or
+//! without `--quick` for the full grid (three repetitions of every row). Ceilings without
+//! the framework: raw rdkafka transactional producers (one per sink subtask, each on its own
+//! thread; delivery reports drained by polling before each commit) over transaction sizes,
+//! and a raw consume-and-produce copy loop (`raw-copy`, one thread per partition). The
+//! framework: the built `exactly_once_etl` example (child process) in modes none /
+//! at-least-once / transactional-offsets / two-phase-commit over checkpoint intervals.
+//! 100 B and 1 KiB records; the bundled broker in memory and durable, or `--brokers
+//! HOST:PORT`. Every job row reports start-up (process start to first output) apart from
+//! the steady throughput, and the job process' CPU seconds per million records. Prints a
+//! markdown table (min / median / max over the repetitions) and the goals, and writes
+//! `txn_size.md`, `txn_size.svg` and `txn_size.png` to `--out`.
 
 #[path = "txn_size/common.rs"]
 mod common;
+#[path = "txn_size/copy.rs"]
+mod copy;
 #[path = "txn_size/pipeline.rs"]
 mod pipeline;
 #[path = "txn_size/raw.rs"]
@@ -48,23 +55,28 @@ struct Args {
     /// Pipeline checkpoint intervals in ms.
     #[arg(long, value_delimiter = ',')]
     intervals: Option<Vec<u64>>,
-    /// Pipeline modes.
+    /// Pipeline modes (`raw-copy` is the framework-free copy loop, run at the first interval
+    /// only: it has no checkpoints).
     #[arg(long, value_delimiter = ',')]
     modes: Option<Vec<String>>,
+    /// Repetitions of every row (default 3, 1 with --quick); the table shows min / median /
+    /// max.
+    #[arg(long)]
+    repeat: Option<usize>,
     /// Skip the raw producer.
     #[arg(long)]
     no_raw: bool,
     /// Skip the pipeline.
     #[arg(long)]
     no_pipeline: bool,
-    /// Pipeline parallelism (= partitions of its topics).
+    /// Pipeline parallelism (= partitions of its topics, raw producers, copy threads).
     #[arg(long, default_value_t = 2)]
     parallelism: usize,
     /// Seconds of transactions per raw point (at least 3 transactions).
     #[arg(long)]
     raw_secs: Option<f64>,
     /// Pipeline backlog (throughput phase): at least this many checkpoint intervals of work
-    /// at an assumed 150 MB/s (at most 200k records/s).
+    /// at an assumed 300 MB/s (at most 500k records/s).
     #[arg(long)]
     backlog_intervals: Option<f64>,
     /// Pipeline backlog: at least this many seconds of work at the same assumed rate.
@@ -79,9 +91,25 @@ struct Args {
     /// Where txn_size.md and txn_size.svg go.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Redraw txn_size.md/.svg/.png in `--out` from its txn_size.tsv (the points of an
+    /// earlier run) and exit.
+    #[arg(long)]
+    replot: bool,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
+    /// Internal: run as the raw-copy job process (see copy.rs).
+    #[arg(long, hide = true)]
+    copy_child: bool,
+    /// Internal: the raw-copy child's input topic.
+    #[arg(long, hide = true)]
+    copy_input: Option<String>,
+    /// Internal: the raw-copy child's output topic.
+    #[arg(long, hide = true)]
+    copy_output: Option<String>,
+    /// Internal: records the raw-copy child copies before it exits.
+    #[arg(long, hide = true, default_value_t = 0)]
+    copy_max_records: u64,
 }
 
 fn etl_binary(args: &Args) -> anyhow::Result<PathBuf> {
@@ -137,7 +165,46 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    if args.copy_child {
+        return copy::run_child(copy::CopySpec {
+            brokers: args
+                .brokers
+                .clone()
+                .context("--copy-child needs --brokers")?,
+            input: args
+                .copy_input
+                .clone()
+                .context("--copy-child needs --copy-input")?,
+            output: args
+                .copy_output
+                .clone()
+                .context("--copy-child needs --copy-output")?,
+            parallelism: args.parallelism.max(1),
+            max_records: args.copy_max_records,
+        });
+    }
+    if args.replot {
+        let out = args.out.clone().context("--replot needs --out DIR")?;
+        let tsv = std::fs::read_to_string(out.join("txn_size.tsv"))
+            .with_context(|| format!("reading {}", out.join("txn_size.tsv").display()))?;
+        let points = tsv
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(common::Point::from_tsv)
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let md = std::fs::read_to_string(out.join("txn_size.md")).unwrap_or_default();
+        let machine_line = md
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("machine at start: "))
+            .unwrap_or("unknown (replotted)")
+            .to_string();
+        write_outputs(&out, &points, &machine_line, Instant::now())?;
+        println!("{}", std::fs::read_to_string(out.join("txn_size.md"))?);
+        return Ok(());
+    }
     let q = args.quick;
+    let repeat = args.repeat.unwrap_or(if q { 1 } else { 3 }).max(1);
     let storages = args.storage.clone().unwrap_or_else(|| {
         if q {
             vec!["memory".into()]
@@ -169,13 +236,14 @@ fn main() -> anyhow::Result<()> {
             "two-phase-commit",
             "transactional-offsets",
             "none",
+            "raw-copy",
         ]
         .map(String::from)
         .to_vec()
     });
     let raw_secs = Duration::from_secs_f64(args.raw_secs.unwrap_or(if q { 1.5 } else { 4.0 }));
     let backlog_intervals = args.backlog_intervals.unwrap_or(10.0);
-    let backlog_secs = args.backlog_secs.unwrap_or(if q { 2.0 } else { 3.0 });
+    let backlog_secs = args.backlog_secs.unwrap_or(if q { 2.0 } else { 8.0 });
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
             .join("txn_size")
@@ -186,6 +254,8 @@ fn main() -> anyhow::Result<()> {
     } else {
         etl_binary(&args)?
     };
+    let self_bin = std::env::current_exe().context("locating this benchmark's binary")?;
+    let clock_ticks = common::clock_ticks();
     let machine_before = machine();
     println!("machine: {machine_before}");
     println!(
@@ -231,47 +301,73 @@ fn main() -> anyhow::Result<()> {
         for &bytes in &record_bytes {
             if !args.no_raw {
                 for &size in &sizes {
-                    counter += 1;
-                    let tag = format!("{run_id}-{counter}");
-                    match raw::run(&rt, &brokers, storage, &tag, size, bytes, raw_secs) {
-                        Ok(p) => {
-                            eprintln!(
-                                "{storage} {bytes} B raw-txn {size}: {:.0} records/s",
-                                p.records_per_s
-                            );
-                            points.push(p);
+                    for rep in 0..repeat {
+                        counter += 1;
+                        let tag = format!("{run_id}-{counter}");
+                        let spec = raw::Spec {
+                            brokers: &brokers,
+                            storage,
+                            tag: &tag,
+                            size,
+                            record_bytes: bytes,
+                            producers: args.parallelism.max(1),
+                            budget: raw_secs,
+                            rep,
+                        };
+                        match raw::run(&rt, &spec) {
+                            Ok(p) => {
+                                eprintln!(
+                                    "{storage} {bytes} B raw-txn {size} x{} (rep {rep}): {:.0} records/s",
+                                    spec.producers, p.records_per_s
+                                );
+                                points.push(p);
+                            }
+                            Err(e) => {
+                                eprintln!("{storage} {bytes} B raw-txn {size}: FAILED: {e:#}")
+                            }
                         }
-                        Err(e) => eprintln!("{storage} {bytes} B raw-txn {size}: FAILED: {e:#}"),
                     }
                 }
             }
             if !args.no_pipeline {
-                let guess_rate = (150e6 / bytes as f64).min(200_000.0);
-                for &ms in &intervals {
+                let guess_rate = (300e6 / bytes as f64).min(500_000.0);
+                for (k, &ms) in intervals.iter().enumerate() {
                     let secs = backlog_secs.max(backlog_intervals * ms as f64 / 1000.0);
                     let backlog = (guess_rate * secs).max(1000.0) as u64;
-                    for mode in &modes {
-                        counter += 1;
-                        let spec = pipeline::Spec {
-                            bin: &bin,
-                            brokers: &brokers,
-                            storage,
-                            tag: format!("{run_id}-{counter}"),
-                            mode,
-                            interval_ms: ms,
-                            record_bytes: bytes,
-                            backlog,
-                            rate: args.rate,
-                            parallelism: args.parallelism,
-                        };
-                        match pipeline::run(&rt, &spec) {
-                            Ok(p) => {
-                                eprintln!("{storage} {bytes} B {mode} {ms} ms: {:.0} records/s, e2e p50 {:.1} ms", p.records_per_s, p.e2e_ms.0);
-                                points.push(p);
-                                write_outputs(&out, &points, &machine_before, started)?;
+                    // repetitions go round the modes, so every mode sees the same noise
+                    for rep in 0..repeat {
+                        for mode in &modes {
+                            // the copy loop has no checkpoints: once per record size
+                            if mode == "raw-copy" && k > 0 {
+                                continue;
                             }
-                            Err(e) => {
-                                eprintln!("{storage} {bytes} B {mode} {ms} ms: FAILED: {e:#}")
+                            counter += 1;
+                            let spec = pipeline::Spec {
+                                bin: if mode == "raw-copy" { &self_bin } else { &bin },
+                                brokers: &brokers,
+                                storage,
+                                tag: format!("{run_id}-{counter}"),
+                                mode,
+                                interval_ms: ms,
+                                record_bytes: bytes,
+                                backlog,
+                                rate: args.rate,
+                                parallelism: args.parallelism,
+                                rep,
+                                clock_ticks,
+                            };
+                            match pipeline::run(&rt, &spec) {
+                                Ok(p) => {
+                                    eprintln!(
+                                        "{storage} {bytes} B {mode} {ms} ms (rep {rep}): {:.0} records/s steady, start-up {:.2} s of {:.1} s, {:.1} CPU s per M records, e2e p50 {:.1} ms",
+                                        p.records_per_s, p.startup_s, p.run_s, p.cpu_s_per_m, p.e2e_ms.0
+                                    );
+                                    points.push(p);
+                                    write_outputs(&out, &points, &machine_before, started)?;
+                                }
+                                Err(e) => {
+                                    eprintln!("{storage} {bytes} B {mode} {ms} ms: FAILED: {e:#}")
+                                }
                             }
                         }
                     }
@@ -284,12 +380,15 @@ fn main() -> anyhow::Result<()> {
     }
     write_outputs(&out, &points, &machine_before, started)?;
     println!("{}", std::fs::read_to_string(out.join("txn_size.md"))?);
-    println!("wrote txn_size.md and txn_size.svg to {}", out.display());
+    println!(
+        "wrote txn_size.md, txn_size.svg and txn_size.png to {}",
+        out.display()
+    );
     Ok(())
 }
 
-/// Writes txn_size.md and txn_size.svg; called after every point so a cut
-/// run keeps what it measured.
+/// Writes txn_size.md, txn_size.svg and txn_size.png; called after every point so a cut run
+/// keeps what it measured.
 fn write_outputs(
     out: &Path,
     points: &[common::Point],
@@ -300,10 +399,12 @@ fn write_outputs(
     let targets = report::targets(points);
     let machine_now = machine();
     let md = format!(
-        "machine at start: {machine_before}\n\nmachine at end: {machine_now}\n\nwall time: {:.0} s\n\n{table}\nTargets (this run):\n\n{targets}",
+        "machine at start: {machine_before}\n\nmachine at end: {machine_now}\n\nwall time: {:.0} s\n\n{table}\nGoals (this run; ratios of medians, in brackets min-max of the ratios of the repetitions run side by side):\n\n{targets}",
         started.elapsed().as_secs_f64()
     );
     std::fs::write(out.join("txn_size.md"), &md)?;
-    report::plot(points, &out.join("txn_size.svg"))?;
+    let tsv: String = points.iter().map(|p| p.to_tsv() + "\n").collect();
+    std::fs::write(out.join("txn_size.tsv"), tsv)?;
+    report::plot(points, &out.join("txn_size.svg"), &out.join("txn_size.png"))?;
     Ok(())
 }

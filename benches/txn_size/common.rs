@@ -34,6 +34,50 @@ pub fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
     (percentile(&v, 0.5), percentile(&v, 0.99))
 }
 
+/// Deletes `topics` (every point uses fresh names; deleting them keeps the in-memory broker's
+/// footprint to one point's data). Failures are logged, not fatal.
+pub fn delete_topics(rt: &tokio::runtime::Runtime, brokers: &str, topics: &[&str]) {
+    let admin: AdminClient<DefaultClientContext> = match ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+    {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "creating the admin client to delete topics");
+            return;
+        }
+    };
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    if let Err(e) = rt.block_on(admin.delete_topics(topics, &opts)) {
+        tracing::warn!(error = %e, ?topics, "deleting a point's topics");
+    }
+}
+
+/// Clock ticks per second of /proc/<pid>/stat's times (`getconf CLK_TCK`, else 100).
+pub fn clock_ticks() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|t| *t > 0.0)
+        .unwrap_or(100.0)
+}
+
+/// CPU seconds (user + system) process `pid` used so far, from /proc/<pid>/stat (also
+/// readable while the process is a zombie, before it is reaped).
+pub fn process_cpu_seconds(pid: u32, ticks: f64) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // fields after the command name (which may hold spaces) start at the last ')'
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime and stime are fields 14 and 15
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) / ticks)
+}
+
 /// Creates `topics` with `partitions` partitions (an existing topic is an error: every point
 /// uses fresh names).
 pub fn create_topics(
@@ -143,11 +187,12 @@ pub struct Point {
     pub storage: String,
     /// Value bytes per record.
     pub record_bytes: usize,
-    /// raw-txn, none, at-least-once, transactional-offsets or two-phase-commit.
+    /// raw-txn, raw-copy, none, at-least-once, transactional-offsets or two-phase-commit.
     pub mode: String,
     /// Checkpoint interval (pipeline) in ms; None for the raw producer.
     pub interval_ms: Option<u64>,
-    /// Records per transaction (raw: configured; pipeline: records/s x interval / parallelism).
+    /// Records per transaction per producer (raw: configured; pipeline: records/s x interval /
+    /// parallelism; raw-copy: NaN).
     pub records_per_txn: f64,
     /// End-to-end records per second.
     pub records_per_s: f64,
@@ -157,11 +202,68 @@ pub struct Point {
     pub e2e_ms: (f64, f64),
     /// Records measured (throughput phase).
     pub records: u64,
+    /// Seconds from the job process' start to its first output visible to a read_committed
+    /// consumer (NaN for the in-process raw producer).
+    pub startup_s: f64,
+    /// Seconds from the job process' start to its whole backlog visible.
+    pub run_s: f64,
+    /// Seconds of the throughput phase (start-up excluded).
+    pub steady_s: f64,
+    /// CPU seconds (user + system) of the job process per million input records, counted
+    /// from its start until the backlog was visible (NaN for the in-process raw producer).
+    pub cpu_s_per_m: f64,
+    /// Repetition index of this row (0-based).
+    pub rep: usize,
 }
 
 impl Point {
-    /// MB/s of record values (10^6 bytes).
-    pub fn mb_per_s(&self) -> f64 {
-        self.records_per_s * self.record_bytes as f64 / 1e6
+    /// One tab-separated line (NaN as `NaN`), read back by [`Point::from_tsv`].
+    pub fn to_tsv(&self) -> String {
+        format!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            self.storage,
+            self.record_bytes,
+            self.mode,
+            self.interval_ms.map_or(-1, |i| i as i64),
+            self.records_per_txn,
+            self.records_per_s,
+            self.commit_ms.0,
+            self.commit_ms.1,
+            self.e2e_ms.0,
+            self.e2e_ms.1,
+            self.records,
+            self.startup_s,
+            self.run_s,
+            self.steady_s,
+            self.cpu_s_per_m,
+            self.rep
+        )
+    }
+
+    /// Parses a line of [`Point::to_tsv`].
+    pub fn from_tsv(line: &str) -> anyhow::Result<Point> {
+        let f: Vec<&str> = line.split('\t').collect();
+        anyhow::ensure!(f.len() == 16, "expected 16 tab-separated fields: {line}");
+        let n = |i: usize| -> anyhow::Result<f64> {
+            f[i].parse::<f64>()
+                .with_context(|| format!("field {i} of {line}"))
+        };
+        let interval = f[3].parse::<i64>()?;
+        Ok(Point {
+            storage: f[0].to_string(),
+            record_bytes: f[1].parse()?,
+            mode: f[2].to_string(),
+            interval_ms: u64::try_from(interval).ok(),
+            records_per_txn: n(4)?,
+            records_per_s: n(5)?,
+            commit_ms: (n(6)?, n(7)?),
+            e2e_ms: (n(8)?, n(9)?),
+            records: f[10].parse()?,
+            startup_s: n(11)?,
+            run_s: n(12)?,
+            steady_s: n(13)?,
+            cpu_s_per_m: n(14)?,
+            rep: f[15].parse()?,
+        })
     }
 }

@@ -1,10 +1,13 @@
-//! One pipeline point: the built `exactly_once_etl` example run as a child process against the
-//! benchmark's broker. Throughput phase: a prefilled backlog of `backlog` input records, timed
-//! from the child's `job started` line to the last of them visible to a read_committed
-//! consumer. The backlog is sized to many checkpoint intervals of work, so the wait for the
-//! commit after the last backlog record (half an interval on average) costs a few percent at
-//! most. Latency phase: then `rate` records/s paced for a few checkpoint intervals, each
-//! timed from its send (its input timestamp) to its output's read_committed visibility.
+//! One pipeline point: the built `exactly_once_etl` example (or, for `raw-copy`, this
+//! benchmark's own copy loop, see `copy.rs`) run as a child process against the benchmark's
+//! broker. Throughput phase: a prefilled backlog of `backlog` input records. Start-up is the
+//! time from spawning the process to its first output visible to a read_committed consumer;
+//! throughput is taken over the steady part, from the moment 5% of the backlog was visible to
+//! the moment 95% was, so neither start-up nor the wait for the last commit counts. CPU is
+//! the child's user + system time (/proc/<pid>/stat) when the whole backlog was visible, per
+//! million backlog records. Latency phase: then `rate` records/s paced for a few checkpoint
+//! intervals, each timed from its send (its input timestamp) to its output's read_committed
+//! visibility.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -19,8 +22,12 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 use crate::common::{
-    committed_reader, create_topics, input_json, input_key, now_us, p50_p99, watch, Point,
+    committed_reader, create_topics, delete_topics, input_json, input_key, now_us, p50_p99,
+    process_cpu_seconds, watch, Point,
 };
+
+/// Share of the backlog visible where the steady part starts (and, from the end, stops).
+const STEADY_EDGE: f64 = 0.05;
 
 /// What one pipeline point runs.
 pub struct Spec<'a> {
@@ -44,6 +51,19 @@ pub struct Spec<'a> {
     pub rate: u64,
     /// --parallelism (and partitions per topic).
     pub parallelism: usize,
+    /// Repetition index.
+    pub rep: usize,
+    /// Clock ticks per second of /proc/<pid>/stat.
+    pub clock_ticks: f64,
+}
+
+/// Visibility times (us) of the backlog: first record, STEADY_EDGE, 1 - STEADY_EDGE, all.
+#[derive(Clone, Copy, Debug)]
+struct BacklogTimes {
+    first: u64,
+    lo: (u64, u64),
+    hi: (u64, u64),
+    all: u64,
 }
 
 fn producer(brokers: &str) -> anyhow::Result<BaseProducer> {
@@ -102,6 +122,34 @@ pub fn run(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Point> 
     let dlq = format!("{output}.dlq");
     let parts = s.parallelism as i32;
     create_topics(rt, s.brokers, &[&input, &output, &dlq], parts)?;
+    let r = measure(s, &input, &output, parts);
+    delete_topics(rt, s.brokers, &[&input, &output, &dlq]);
+    r
+}
+
+fn job_command(s: &Spec<'_>, input: &str, output: &str, ckpt: &Path, max: u64) -> Command {
+    if s.mode == "raw-copy" {
+        let mut c = Command::new(s.bin);
+        c.args(["--copy-child", "--brokers", s.brokers])
+            .args(["--copy-input", input, "--copy-output", output])
+            .args(["--parallelism", &s.parallelism.to_string()])
+            .args(["--copy-max-records", &max.to_string()]);
+        return c;
+    }
+    let mut c = Command::new(s.bin);
+    c.args(["--brokers", s.brokers, "--input", input, "--output", output])
+        .args(["--group", &format!("g-{}", s.tag), "--mode", s.mode])
+        .arg("--checkpoint-dir")
+        .arg(ckpt)
+        .args(["--checkpoint-interval-ms", &s.interval_ms.to_string()])
+        .args(["--parallelism", &s.parallelism.to_string()])
+        .args(["--transactional-id-prefix", &format!("etl-{}", s.tag)])
+        .args(["--max-records", &max.to_string()]);
+    c
+}
+
+fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Result<Point> {
+    let (input, output) = (input.to_string(), output.to_string());
     let interval = Duration::from_millis(s.interval_ms);
     let latency_secs = (3 * s.interval_ms).max(2000) as f64 / 1000.0;
     let n2 = ((s.rate as f64) * latency_secs) as u64;
@@ -116,13 +164,21 @@ pub fn run(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Point> 
 
     // watcher of the output
     let sent: Arc<Vec<AtomicU64>> = Arc::new((0..n2).map(|_| AtomicU64::new(0)).collect());
-    let (phase_tx, phase_rx) = mpsc::channel::<u64>();
+    let (phase_tx, phase_rx) = mpsc::channel::<BacklogTimes>();
     let watcher = {
         let (brokers, output, sent) = (s.brokers.to_string(), output.clone(), sent.clone());
         std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
             let c = committed_reader(&brokers, &output, parts)?;
             let mut seen = vec![false; n1 as usize];
             let mut backlog_seen = 0u64;
+            let lo_n = ((n1 as f64 * STEADY_EDGE).ceil() as u64).max(1);
+            let hi_n = ((n1 as f64 * (1.0 - STEADY_EDGE)).floor() as u64).max(lo_n);
+            let mut times = BacklogTimes {
+                first: 0,
+                lo: (0, 0),
+                hi: (0, 0),
+                all: 0,
+            };
             let mut lat = Vec::with_capacity(n2 as usize);
             let mut lat_seen = vec![false; n2 as usize];
             let deadline = Instant::now() + Duration::from_secs(900);
@@ -132,8 +188,18 @@ pub fn run(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Point> 
                         if !seen[id as usize] {
                             seen[id as usize] = true;
                             backlog_seen += 1;
+                            if backlog_seen == 1 {
+                                times.first = t;
+                            }
+                            if backlog_seen == lo_n {
+                                times.lo = (lo_n, t);
+                            }
+                            if backlog_seen == hi_n {
+                                times.hi = (hi_n, t);
+                            }
                             if backlog_seen == n1 {
-                                let _ = phase_tx.send(t);
+                                times.all = t;
+                                let _ = phase_tx.send(times);
                             }
                         }
                     } else if let Some(i) = (id - n1)
@@ -163,22 +229,8 @@ pub fn run(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Point> 
     // the job
     let dir = tempfile::tempdir()?;
     let stderr = std::fs::File::create(dir.path().join("stderr.log"))?;
-    let child = Command::new(s.bin)
-        .args([
-            "--brokers",
-            s.brokers,
-            "--input",
-            &input,
-            "--output",
-            &output,
-        ])
-        .args(["--group", &format!("g-{}", s.tag), "--mode", s.mode])
-        .arg("--checkpoint-dir")
-        .arg(dir.path().join("ckpt"))
-        .args(["--checkpoint-interval-ms", &s.interval_ms.to_string()])
-        .args(["--parallelism", &s.parallelism.to_string()])
-        .args(["--transactional-id-prefix", &format!("etl-{}", s.tag)])
-        .args(["--max-records", &(n1 + n2).to_string()])
+    let spawned = now_us();
+    let child = job_command(s, &input, &output, &dir.path().join("ckpt"), n1 + n2)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -212,18 +264,19 @@ pub fn run(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Point> 
             .map(|(t, _)| *t)
     };
     let wait_start = Instant::now();
-    let started = loop {
-        if let Some(t) = find(&|l| l == "job started") {
-            break t;
+    loop {
+        if find(&|l| l == "job started").is_some() {
+            break;
         }
         if wait_start.elapsed() > Duration::from_secs(60) || child.0.try_wait()?.is_some() {
             anyhow::bail!("the job did not start; stderr:\n{}", stderr_tail());
         }
         std::thread::sleep(Duration::from_millis(2));
-    };
-    let backlog_done = phase_rx
+    }
+    let backlog = phase_rx
         .recv_timeout(Duration::from_secs(600))
         .map_err(|_| anyhow::anyhow!("backlog not visible in time; stderr:\n{}", stderr_tail()))?;
+    let cpu = process_cpu_seconds(child.0.id(), s.clock_ticks).unwrap_or(f64::NAN);
 
     // latency phase: paced input, send time = input timestamp
     let t0 = Instant::now();
@@ -275,8 +328,10 @@ pub fn run(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Point> 
             }
         }
     }
-    let secs = (backlog_done.saturating_sub(started) as f64 / 1e6).max(1e-6);
-    let rate = n1 as f64 / secs;
+    let secs = (backlog.hi.1.saturating_sub(backlog.lo.1) as f64 / 1e6).max(1e-6);
+    let rate = (backlog.hi.0 - backlog.lo.0).max(1) as f64 / secs;
+    let startup_s = backlog.first.saturating_sub(spawned) as f64 / 1e6;
+    tracing::debug!(?backlog, spawned, "backlog visibility");
     let commit_ms = if commits.is_empty() {
         (f64::NAN, f64::NAN)
     } else {
@@ -287,10 +342,19 @@ pub fn run(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Point> 
         record_bytes: s.record_bytes,
         mode: s.mode.to_string(),
         interval_ms: Some(s.interval_ms),
-        records_per_txn: rate * interval.as_secs_f64() / s.parallelism as f64,
+        records_per_txn: if s.mode == "raw-copy" {
+            f64::NAN
+        } else {
+            rate * interval.as_secs_f64() / s.parallelism as f64
+        },
         records_per_s: rate,
         commit_ms,
         e2e_ms: p50_p99(lat),
         records: n1,
+        startup_s,
+        run_s: backlog.all.saturating_sub(spawned) as f64 / 1e6,
+        steady_s: secs,
+        cpu_s_per_m: cpu / n1 as f64 * 1e6,
+        rep: s.rep,
     })
 }

@@ -2,6 +2,15 @@
 
 /// Histogram: seconds from commit request to commit done, label `mode`.
 pub const TXN_COMMIT_SECONDS: &str = "onceflow_kafka_txn_commit_seconds";
+/// Histogram: seconds a two-phase-commit transaction's start waited for its slot's
+/// producer (near zero once the ring's producers were made ahead of use).
+pub const TXN_PRODUCER_WAIT_SECONDS: &str = "onceflow_kafka_txn_producer_wait_seconds";
+/// Histogram: seconds the sink waited for a two-phase commit that ran while the next
+/// transaction was written (near zero when the overlap hid the commit).
+pub const TXN_COMMIT_WAIT_SECONDS: &str = "onceflow_kafka_txn_commit_wait_seconds";
+/// Histogram: seconds a two-phase-commit pre-commit waited for the acks of its
+/// transaction's records (the flush at the barrier).
+pub const PRE_COMMIT_DRAIN_SECONDS: &str = "onceflow_kafka_pre_commit_drain_seconds";
 /// Gauge: age in seconds of the oldest open (not yet committed) transaction, label `subtask`.
 pub const TXN_OPEN_AGE_SECONDS: &str = "onceflow_kafka_txn_open_age_seconds";
 /// Gauge: the configured transaction timeout in seconds (compare with the open age).

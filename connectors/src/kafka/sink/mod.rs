@@ -202,6 +202,21 @@ impl SinkFactory<SinkRecord> for KafkaSink {
     }
 }
 
+impl KafkaSinkWriter {
+    /// Tells the commit observer about the two-phase commits that succeeded since the last
+    /// call.
+    fn report_confirmed(&mut self) {
+        let WriterKind::TwoPhase(w) = &mut self.inner else {
+            return;
+        };
+        for c in w.take_confirmed() {
+            if let Some(f) = &self.on_commit {
+                f(c, self.subtask);
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Sink<SinkRecord> for KafkaSinkWriter {
     type Pending = KafkaPending;
@@ -240,7 +255,7 @@ impl Sink<SinkRecord> for KafkaSinkWriter {
         checkpoint: CheckpointId,
     ) -> onceflow_runtime::Result<Option<KafkaPending>> {
         let span = tracing::debug_span!("kafka_pre_commit", checkpoint, subtask = self.subtask);
-        async {
+        let r = async {
             match &mut self.inner {
                 WriterKind::TwoPhase(w) => w.pre_commit(checkpoint).await.map(Some),
                 WriterKind::Offsets(w) => w.pre_commit(checkpoint).await.map(Some),
@@ -248,7 +263,10 @@ impl Sink<SinkRecord> for KafkaSinkWriter {
             }
         }
         .instrument(span)
-        .await
+        .await;
+        // a two-phase pre-commit first finishes the commits still in flight
+        self.report_confirmed();
+        r
     }
 
     async fn commit(
@@ -257,7 +275,7 @@ impl Sink<SinkRecord> for KafkaSinkWriter {
         pending: KafkaPending,
     ) -> onceflow_runtime::Result<()> {
         let span = tracing::debug_span!("kafka_commit", checkpoint, subtask = self.subtask);
-        async {
+        let r = async {
             match &mut self.inner {
                 WriterKind::TwoPhase(w) => w.commit(checkpoint, pending).await,
                 WriterKind::Offsets(w) => w.commit(checkpoint).await,
@@ -265,7 +283,14 @@ impl Sink<SinkRecord> for KafkaSinkWriter {
             }
         }
         .instrument(span)
-        .await?;
+        .await;
+        if let WriterKind::TwoPhase(_) = self.inner {
+            // two-phase commit says which commits are done (one may still run, overlapping
+            // the next transaction)
+            self.report_confirmed();
+            return r;
+        }
+        r?;
         if let Some(f) = &self.on_commit {
             f(checkpoint, self.subtask);
         }

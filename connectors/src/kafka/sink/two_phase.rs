@@ -10,7 +10,26 @@
 //! ring grows when checkpoints fail and the size is recorded in every pending.
 //! recover(pending) commits the restored checkpoint's transactions with the raw committer
 //! (aborted or fenced = data loss, the job fails naming the checkpoint), then fences every
-//! other id of the previous and current ring with init_transactions.
+//! other id of the previous and current ring with init_transactions (all at once, each on
+//! its own blocking thread).
+//!
+//! commit(n) overlaps with the writes of n+1: when the open transaction already holds
+//! records, the commit runs on a blocking thread and commit(n) returns at once; the sink
+//! reports n committed (`on_commit`) only once that commit succeeded. The runtime drops n
+//! from its pending commits when commit(n) returns, so pre_commit(n+1) first waits for every
+//! commit in flight: no later checkpoint can complete while n's transaction is uncommitted.
+//! A commit in flight that failed goes back to `Sealed` and is tried again on the spot (and
+//! at every later pre-commit, like any failed commit), and the pre-commit fails with its
+//! error; a fenced or aborted transaction fails the job, whose recovery then commits n from
+//! the checkpoint that names it. When the open transaction is empty (the end of the input,
+//! an idle stream) commit(n) commits before it returns, so a job's last commit is done when
+//! the sink finishes.
+//!
+//! The ring's producers are made ahead of use: once a subtask recovered, every fresh slot
+//! but the first gets its producer (create + init_transactions + the statistics that name
+//! its producer id and epoch, about 100-200 ms each) on a blocking thread in the background,
+//! so no pre-commit waits for one. Slots that recovery committed stay untouched (see above)
+//! and get their producer when first reused.
 
 use std::time::{Duration, Instant};
 
@@ -68,15 +87,38 @@ enum SlotState {
         handle: TxnHandle,
         since: Instant,
     },
+    /// Its commit runs on a blocking thread (see the module documentation).
+    Committing,
     /// Committed when checkpoint `at` completed (reusable after a later completion).
     Committed { at: CheckpointId },
     /// Aborted (reusable).
     Aborted,
 }
 
+/// A commit running on a blocking thread while the next transaction is written.
+struct InFlight {
+    checkpoint: CheckpointId,
+    slot: usize,
+    /// What the slot held while sealed (restored if the commit fails).
+    handle: TxnHandle,
+    since: Instant,
+    /// The latest complete checkpoint when the commit started.
+    completed: CheckpointId,
+    /// The commit's outcome and how long it took.
+    task: tokio::task::JoinHandle<(
+        std::result::Result<(), rdkafka::error::KafkaError>,
+        Duration,
+    )>,
+}
+
+/// A transactional producer with the producer id and epoch init_transactions gave it.
+type Made = (Arc<Prod>, Ctx, (i64, i16));
+
 struct Slot {
     id: String,
-    producer: Option<(Arc<Prod>, Ctx, (i64, i16))>,
+    producer: Option<Made>,
+    /// The producer being made in the background (see the module documentation).
+    warming: Option<tokio::task::JoinHandle<super::super::Result<Made>>>,
     state: SlotState,
 }
 
@@ -91,10 +133,22 @@ pub struct TwoPhaseWriter {
     completed: CheckpointId,
     fatal: Option<String>,
     recovered_ids: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
+    /// Commits in flight, oldest first.
+    in_flight: Vec<InFlight>,
+    /// Checkpoints whose commit succeeded since the last [`Self::take_confirmed`].
+    confirmed: Vec<CheckpointId>,
 }
 
 fn txn_id(prefix: &str, subtask: usize, slot: usize) -> String {
     format!("{prefix}-{subtask}-{slot}")
+}
+
+/// Creates the transactional producer of `id` and learns its producer id and epoch.
+/// Blocking.
+fn make_producer(cfg: &KafkaSinkConfig, id: &str) -> super::super::Result<Made> {
+    let (p, ctx) = producer::create(cfg, Some(id), false)?;
+    let ids = producer::init_and_learn(&p, &ctx, TXN_CALL_TIMEOUT)?;
+    Ok((p, ctx, ids))
 }
 
 impl TwoPhaseWriter {
@@ -103,6 +157,7 @@ impl TwoPhaseWriter {
             .map(|s| Slot {
                 id: txn_id(&sink.cfg.transactional_id_prefix, info.index, s),
                 producer: None,
+                warming: None,
                 state: SlotState::Fresh,
             })
             .collect();
@@ -117,6 +172,8 @@ impl TwoPhaseWriter {
             completed: info.restored_checkpoint,
             fatal: None,
             recovered_ids: sink.recovered_ids.clone(),
+            in_flight: Vec::new(),
+            confirmed: Vec::new(),
         }
     }
 
@@ -203,18 +260,31 @@ impl TwoPhaseWriter {
                     ids.insert(txn_id(&self.cfg.transactional_id_prefix, s, slot));
                 }
             }
-            for id in ids.into_iter().filter(|i| !committed.contains(i)) {
-                let cfg = self.cfg.clone();
-                let idc = id.clone();
-                blocking(move || -> super::super::Result<()> {
-                    let (p, _ctx) = producer::create(&cfg, Some(&idc), false)?;
-                    p.init_transactions(TXN_CALL_TIMEOUT)
-                        .map_err(|e| KafkaError::client(format!("fencing {idc}"), e))
-                })
-                .await??;
-                metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
-                tracing::debug!(transactional_id = %id, "fenced and aborted");
-            }
+            let t0 = Instant::now();
+            let fences = ids
+                .into_iter()
+                .filter(|i| !committed.contains(i))
+                .map(|id| {
+                    let cfg = self.cfg.clone();
+                    async move {
+                        let idc = id.clone();
+                        blocking(move || -> super::super::Result<()> {
+                            let (p, _ctx) = producer::create(&cfg, Some(&idc), false)?;
+                            p.init_transactions(TXN_CALL_TIMEOUT)
+                                .map_err(|e| KafkaError::client(format!("fencing {idc}"), e))
+                        })
+                        .await??;
+                        metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
+                        tracing::debug!(transactional_id = %id, "fenced and aborted");
+                        Ok::<(), onceflow_runtime::Error>(())
+                    }
+                });
+            let fenced = futures::future::try_join_all(fences).await?.len();
+            tracing::info!(
+                fenced,
+                elapsed_ms = t0.elapsed().as_millis() as u64,
+                "fenced the previous transactional id ring"
+            );
             *self.recovered_ids.lock() = committed;
         }
         // slots committed by recovery stay untouched until a checkpoint of this run completes
@@ -225,7 +295,28 @@ impl TwoPhaseWriter {
             }
         }
         let next = self.free_slot();
+        // the other slots' producers are made while the first one is
+        self.warm_up(next);
         self.open(next).await
+    }
+
+    /// Starts making the producer of every fresh slot but `except` (see the module
+    /// documentation).
+    fn warm_up(&mut self, except: usize) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            if i == except
+                || slot.producer.is_some()
+                || slot.warming.is_some()
+                || !matches!(slot.state, SlotState::Fresh)
+            {
+                continue;
+            }
+            let cfg = self.cfg.clone();
+            let id = slot.id.clone();
+            slot.warming = Some(tokio::task::spawn_blocking(move || {
+                make_producer(&cfg, &id)
+            }));
+        }
     }
 
     /// A slot to open the next transaction on (grows the ring if none is free).
@@ -242,6 +333,7 @@ impl TwoPhaseWriter {
         self.slots.push(Slot {
             id: txn_id(&self.cfg.transactional_id_prefix, self.subtask, i),
             producer: None,
+            warming: None,
             state: SlotState::Fresh,
         });
         i
@@ -250,15 +342,34 @@ impl TwoPhaseWriter {
     async fn open(&mut self, i: usize) -> onceflow_runtime::Result<()> {
         let slot = &mut self.slots[i];
         if slot.producer.is_none() {
-            let cfg = self.cfg.clone();
-            let id = slot.id.clone();
-            let made = blocking(move || -> super::super::Result<_> {
-                let (p, ctx) = producer::create(&cfg, Some(&id), false)?;
-                let ids = producer::init_and_learn(&p, &ctx, TXN_CALL_TIMEOUT)?;
-                Ok((p, ctx, ids))
-            })
-            .await??;
-            tracing::debug!(transactional_id = %slot.id, producer_id = made.2 .0, epoch = made.2 .1, "transactional producer ready");
+            let t0 = Instant::now();
+            let warmed = match slot.warming.take() {
+                Some(h) => match h.await {
+                    Ok(Ok(made)) => Some(made),
+                    Ok(Err(e)) => {
+                        tracing::warn!(transactional_id = %slot.id, error = %e, "making the producer ahead of use failed; trying again now");
+                        None
+                    }
+                    Err(e) => {
+                        tracing::warn!(transactional_id = %slot.id, error = %e, "making the producer ahead of use panicked; trying again now");
+                        None
+                    }
+                },
+                None => None,
+            };
+            let ahead = warmed.is_some();
+            let made = match warmed {
+                Some(made) => made,
+                None => {
+                    let cfg = self.cfg.clone();
+                    let id = slot.id.clone();
+                    blocking(move || make_producer(&cfg, &id)).await??
+                }
+            };
+            // time the transaction's start waited for its producer (near zero when it was
+            // made ahead of use)
+            metrics::histogram!(m::TXN_PRODUCER_WAIT_SECONDS).record(t0.elapsed().as_secs_f64());
+            tracing::debug!(transactional_id = %slot.id, producer_id = made.2 .0, epoch = made.2 .1, ahead, waited_ms = t0.elapsed().as_millis() as u64, "transactional producer ready");
             slot.producer = Some(made);
         }
         let Some((p, _, _)) = &slot.producer else {
@@ -316,6 +427,8 @@ impl TwoPhaseWriter {
         checkpoint: CheckpointId,
     ) -> onceflow_runtime::Result<KafkaPending> {
         self.check_fatal()?;
+        // no checkpoint may complete while an earlier one's transaction is uncommitted
+        self.finish_in_flight().await?;
         // retry commits of complete checkpoints that failed before
         self.retry_commits().await?;
         let (subtask, parallelism) = (self.subtask, self.parallelism);
@@ -347,7 +460,9 @@ impl TwoPhaseWriter {
             ));
         };
         let p2 = p.clone();
+        let t0 = Instant::now();
         blocking(move || producer::drain(&p2, TXN_CALL_TIMEOUT)).await??;
+        metrics::histogram!(m::PRE_COMMIT_DRAIN_SECONDS).record(t0.elapsed().as_secs_f64());
         if let Some(e) = producer::take_delivery_error(&ctx) {
             let msg = format!("delivery failed in transaction {}: {e}", slot.id);
             self.fatal = Some(msg.clone());
@@ -419,6 +534,7 @@ impl TwoPhaseWriter {
                 metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
                     .set(age.as_secs_f64());
                 slot.state = SlotState::Committed { at: completed };
+                self.confirmed.push(checkpoint);
                 Ok(true)
             }
             Err(e) => {
@@ -445,6 +561,101 @@ impl TwoPhaseWriter {
         }
     }
 
+    /// Starts the commit of the slot sealed at `checkpoint` on a blocking thread if the open
+    /// transaction holds records to overlap with; false if it did not start one.
+    fn start_commit(&mut self, checkpoint: CheckpointId) -> bool {
+        let open_has_records = self.current.is_some_and(
+            |i| matches!(self.slots[i].state, SlotState::Open { records, .. } if records > 0),
+        );
+        if !open_has_records {
+            return false;
+        }
+        let Some(i) = self.slots.iter().position(
+            |s| matches!(s.state, SlotState::Sealed { checkpoint: c, .. } if c == checkpoint),
+        ) else {
+            return false;
+        };
+        let slot = &mut self.slots[i];
+        let (SlotState::Sealed { handle, since, .. }, Some((p, _, _))) =
+            (&slot.state, &slot.producer)
+        else {
+            return false;
+        };
+        let (handle, since, p) = (handle.clone(), *since, p.clone());
+        let task = tokio::task::spawn_blocking(move || {
+            let t0 = Instant::now();
+            let r = p.commit_transaction(TXN_CALL_TIMEOUT);
+            (r, t0.elapsed())
+        });
+        tracing::debug!(checkpoint, transactional_id = %slot.id, "commit started, overlapping the next transaction");
+        slot.state = SlotState::Committing;
+        self.in_flight.push(InFlight {
+            checkpoint,
+            slot: i,
+            handle,
+            since,
+            completed: self.completed,
+            task,
+        });
+        true
+    }
+
+    /// Waits for every commit in flight, oldest first. A failed one goes back to `Sealed` and
+    /// is tried once more on the spot, with the error handling of [`Self::commit_live`].
+    async fn finish_in_flight(&mut self) -> onceflow_runtime::Result<()> {
+        let mut first_err = None;
+        for f in std::mem::take(&mut self.in_flight) {
+            let t_wait = Instant::now();
+            let outcome = f.task.await;
+            let waited = t_wait.elapsed();
+            match outcome {
+                Ok((Ok(()), took)) => {
+                    metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "two-phase-commit")
+                        .record(took.as_secs_f64());
+                    metrics::histogram!(m::TXN_COMMIT_WAIT_SECONDS).record(waited.as_secs_f64());
+                    metrics::histogram!(m::RECORDS_PER_TXN).record(f.handle.records as f64);
+                    metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
+                        .set(f.since.elapsed().as_secs_f64());
+                    self.slots[f.slot].state = SlotState::Committed { at: f.completed };
+                    self.confirmed.push(f.checkpoint);
+                    tracing::debug!(
+                        checkpoint = f.checkpoint,
+                        took_ms = took.as_secs_f64() * 1e3,
+                        waited_ms = waited.as_secs_f64() * 1e3,
+                        "overlapped commit done"
+                    );
+                }
+                failed => {
+                    let why = match &failed {
+                        Ok((Err(e), _)) => e.to_string(),
+                        Err(e) => format!("the commit thread panicked: {e}"),
+                        Ok((Ok(()), _)) => String::new(),
+                    };
+                    tracing::warn!(checkpoint = f.checkpoint, transactional_id = %f.handle.transactional_id, error = %why, "overlapped commit failed; trying again");
+                    self.slots[f.slot].state = SlotState::Sealed {
+                        checkpoint: f.checkpoint,
+                        handle: f.handle,
+                        since: f.since,
+                    };
+                    if first_err.is_none() {
+                        if let Err(e) = self.commit_live(f.checkpoint).await {
+                            first_err = Some(e);
+                        }
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Checkpoints whose commit succeeded since the last call, in order.
+    pub(crate) fn take_confirmed(&mut self) -> Vec<CheckpointId> {
+        std::mem::take(&mut self.confirmed)
+    }
+
     pub(crate) async fn commit(
         &mut self,
         checkpoint: CheckpointId,
@@ -456,16 +667,24 @@ impl TwoPhaseWriter {
                 "two-phase sink got a foreign pending".into(),
             ));
         };
-        let Some(t) = p.txn else { return Ok(()) };
-        if self.commit_live(checkpoint).await? {
+        self.finish_in_flight().await?;
+        let Some(t) = p.txn else {
+            self.confirmed.push(checkpoint);
+            return Ok(());
+        };
+        if self.start_commit(checkpoint) || self.commit_live(checkpoint).await? {
             return Ok(());
         }
         if self.slots.iter().any(|s| s.id == t.transactional_id) {
             // our own id, no longer sealed: committed before (we unseal only on success)
+            self.confirmed.push(checkpoint);
             return Ok(());
         }
         match committer::commit_prepared(&self.cfg.brokers, &t.transactional_id, t.producer_id, t.epoch, TXN_CALL_TIMEOUT).await? {
-            CommitOutcome::Committed => Ok(()),
+            CommitOutcome::Committed => {
+                self.confirmed.push(checkpoint);
+                Ok(())
+            }
             CommitOutcome::Lost(code) => Err(KafkaError::DataLoss(format!(
                 "transaction {} of checkpoint {checkpoint} cannot be committed (Kafka error code {code})",
                 t.transactional_id
