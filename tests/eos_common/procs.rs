@@ -452,6 +452,22 @@ impl Broker {
         }
     }
 
+    /// The address of the broker's listener of `protocol` (`SASL_SSL`, ...), from its
+    /// `listener NAME PROTOCOL on ADDR` start-up lines.
+    pub fn listener(&mut self, protocol: &str) -> Option<String> {
+        let parse = |l: &str| -> Option<String> {
+            let mut words = l.strip_prefix("listener ")?.split_whitespace();
+            let (_name, proto, on, addr) =
+                (words.next()?, words.next()?, words.next()?, words.next()?);
+            (proto.eq_ignore_ascii_case(protocol) && on == "on").then(|| addr.to_string())
+        };
+        let line = self
+            .proc
+            .as_mut()?
+            .wait_line(Duration::from_secs(60), |l| parse(l).is_some())?;
+        parse(&line)
+    }
+
     /// `127.0.0.1:PORT` for clients.
     pub fn bootstrap(&self) -> &str {
         &self.addr
@@ -509,6 +525,9 @@ pub struct JobArgs {
     pub extra_args: Vec<String>,
     /// Directory for the job's stderr logs.
     pub log_dir: PathBuf,
+    /// `--brokers` of the job when it differs from the harness's bootstrap (e.g. a secured
+    /// listener while the harness reads and writes over PLAINTEXT).
+    pub brokers: Option<String>,
 }
 
 impl JobArgs {
@@ -527,6 +546,7 @@ impl JobArgs {
             env: Vec::new(),
             extra_args: Vec::new(),
             log_dir: dir.to_path_buf(),
+            brokers: None,
         }
     }
 
@@ -539,7 +559,7 @@ impl JobArgs {
 /// Spawns the example job against `bootstrap`; `run` names its stderr log.
 pub fn spawn_job(bootstrap: &str, args: &JobArgs, run: &str) -> Proc {
     let mut cmd = Command::new(&bins().job);
-    cmd.args(["--brokers", bootstrap])
+    cmd.args(["--brokers", args.brokers.as_deref().unwrap_or(bootstrap)])
         .args(["--input", &args.input])
         .args(["--output", &args.output])
         .args(["--group", &args.group])

@@ -9,6 +9,7 @@ pub mod job;
 pub mod json;
 pub mod metrics;
 pub mod registry;
+pub mod security;
 pub mod sink;
 pub mod source;
 
