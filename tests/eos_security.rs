@@ -19,6 +19,7 @@ use std::time::Duration;
 use eos_common::*;
 
 const USER: &str = "alice";
+const REGISTRY_TOPIC: &str = "onceflow-prefix-registry";
 /// Distinctive, so that a grep of the logs cannot match anything else.
 const PASSWORD: &str = "pw-7Hq2-alice-Zr9x";
 
@@ -62,7 +63,7 @@ fn acl_lines(args: &JobArgs, txn_ids: bool, describe_cluster: bool) -> Vec<Strin
         acl(&p, "Write", "Topic", &args.output, "literal"),
         acl(&p, "Write", "Topic", &args.dlq(), "literal"),
         acl(&p, "Read", "Group", &args.group, "literal"),
-        acl(&p, "Read", "Topic", "onceflow-prefix-registry", "literal"),
+        acl(&p, "Read", "Topic", REGISTRY_TOPIC, "literal"),
         acl(&p, "Read", "Group", "onceflow-prefix.", "prefixed"),
     ];
     if txn_ids {
@@ -80,9 +81,10 @@ fn acl_lines(args: &JobArgs, txn_ids: bool, describe_cluster: bool) -> Vec<Strin
     lines
 }
 
-/// One line of the bundled broker's ACL file.
+/// One ALLOW line of the bundled broker's ACL file
+/// (`principal host operation permission resource-type pattern name`).
 fn acl(principal: &str, operation: &str, resource_type: &str, name: &str, pattern: &str) -> String {
-    format!("allow {principal} {operation} {resource_type} {name} {pattern}")
+    format!("{principal} * {operation} Allow {resource_type} {pattern} {name}")
 }
 
 /// A secured broker for `args` with the given ACL lines; returns it with the SASL_SSL
@@ -235,7 +237,11 @@ fn sasl_ssl_two_phase_commit_is_exactly_once_through_sigkills() {
     let bootstrap = broker.bootstrap().to_string();
     let mut args = secured_args("two-phase-commit", dir.path(), &secured, &props);
     args.checkpoint_interval_ms = 1000;
-    create_topics(&bootstrap, &[&args.input, &args.output, &args.dlq()]);
+    // the job may Read the prefix registry's topic, not Create it
+    create_topics(
+        &bootstrap,
+        &[&args.input, &args.output, &args.dlq(), REGISTRY_TOPIC],
+    );
     let n = env_u64("ONCEFLOW_EOS_SECURITY_RECORDS", 20_000);
     let data = Dataset::generate(n, seed);
     let producer = produce_paced(

@@ -155,18 +155,20 @@ pub fn kafka_acls_fix(bootstrap: &str, principal: Option<&str>, m: &Missing) -> 
     )
 }
 
-/// The same ALLOW binding as a line of the bundled broker's ACL file (`--acl-file`).
+/// The same ALLOW binding as a line of the bundled broker's ACL file (`--acl-file`:
+/// `principal host operation permission resource-type pattern name`).
 pub fn broker_acl_line(principal: Option<&str>, m: &Missing) -> Option<String> {
     if m.denied_by.is_some() {
         return None;
     }
     let a = &m.need.action;
     let (name, pattern) = match &m.need.prefix {
-        Some(prefix) => (prefix.as_str(), "prefixed"),
-        None => (a.name.as_str(), "literal"),
+        Some(prefix) => (prefix.as_str(), "Prefixed"),
+        None => (a.name.as_str(), "Literal"),
     };
+    // principal host operation permission resource-type pattern name
     Some(format!(
-        "allow {} {} {} {name} {pattern}",
+        "{} * {} Allow {} {pattern} {name}",
         principal_for_fix(principal),
         a.operation,
         a.resource_type
@@ -706,6 +708,10 @@ mod tests {
             "{msg}"
         );
         assert_eq!(msg.matches("--transactional-id").count(), 1, "{msg}");
+        assert!(
+            msg.contains("`User:alice * Write Allow TransactionalId Prefixed onceflow-etl`"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -130,9 +130,11 @@ impl ClientSecurity {
             "ssl" => (true, false),
             "sasl_plaintext" => (false, true),
             "sasl_ssl" => (true, true),
-            other => return Err(Unsupported(format!(
+            other => {
+                return Err(Unsupported(format!(
                 "security.protocol={other} is not one of plaintext, ssl, sasl_plaintext, sasl_ssl"
-            ))),
+            )))
+            }
         };
         let mut sasl = None;
         if use_sasl {
