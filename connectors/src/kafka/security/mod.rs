@@ -268,6 +268,21 @@ mod tests {
         }
     }
 
+    /// The job's librdkafka clients need TLS and SCRAM (rdkafka's `ssl` feature).
+    #[test]
+    fn librdkafka_is_built_with_tls_and_scram() {
+        let native = rdkafka::ClientConfig::new()
+            .create_native_config()
+            .expect("native config");
+        let features = native.get("builtin.features").expect("builtin.features");
+        for wanted in ["ssl", "sasl_plain", "sasl_scram"] {
+            assert!(
+                features.split(',').any(|f| f == wanted),
+                "librdkafka lacks {wanted}: {features}"
+            );
+        }
+    }
+
     #[test]
     fn tls_files_are_read_at_start() {
         let missing = props(&[
