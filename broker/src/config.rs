@@ -1,7 +1,9 @@
 //! Broker configuration: what the library's [`crate::start`] and the CLI take.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
+use crate::security::{ListenerConfig, SecurityProtocol, TlsConfig};
 use crate::storage::StorageConfig;
 
 /// Default limit on one request frame: 100 MiB, like Kafka's `socket.request.max.bytes`.
@@ -10,10 +12,17 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 100 * 1024 * 1024;
 /// Everything needed to start a broker.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
-    /// Address to bind; port 0 picks a free port. Default `127.0.0.1:0`.
+    /// Address of the PLAINTEXT listener used when `listeners` is empty; port 0 picks a
+    /// free port. Default `127.0.0.1:0`.
     pub listen: SocketAddr,
-    /// `HOST:PORT` returned by Metadata (so a proxy can sit in front); default: the bound address.
+    /// `HOST:PORT` returned by Metadata on the `listen` listener (so a proxy can sit in
+    /// front); default: the bound address.
     pub advertised_listener: Option<String>,
+    /// Listeners with their security protocols; when empty the broker binds one PLAINTEXT
+    /// listener on `listen`. The first listener is [`crate::BrokerHandle::local_addr`].
+    pub listeners: Vec<ListenerConfig>,
+    /// TLS certificates, SASL users and ACLs.
+    pub security: SecurityConfig,
     /// Storage settings; `data_dir: None` keeps the logs in memory.
     pub storage: StorageConfig,
     /// Create unknown topics when Metadata or Produce names them. Default true.
@@ -42,6 +51,8 @@ impl Default for BrokerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             advertised_listener: None,
+            listeners: Vec::new(),
+            security: SecurityConfig::default(),
             storage: StorageConfig::default(),
             auto_create_topics: true,
             default_partitions: 1,
@@ -50,6 +61,43 @@ impl Default for BrokerConfig {
             transactions: crate::txn::CoordinatorConfig::default(),
             txn_marker_delay_ms: 0,
             repair_corrupt_logs: false,
+        }
+    }
+}
+
+/// TLS, SASL and authorization settings.
+#[derive(Debug, Clone, Default)]
+pub struct SecurityConfig {
+    /// Certificates of the SSL and SASL_SSL listeners.
+    pub tls: Option<TlsConfig>,
+    /// The SASL users file (format: [`crate::security::users`]); needed by SASL listeners.
+    pub sasl_users_file: Option<PathBuf>,
+    /// Check every request against ACLs. Off: everything is allowed to everyone.
+    pub authorizer: bool,
+    /// ACL bindings loaded at start-up (format: [`crate::security::acl`]); implies
+    /// `authorizer`.
+    pub acl_file: Option<PathBuf>,
+    /// Principals (`User:admin`) allowed everything regardless of ACLs; implies `authorizer`.
+    pub super_users: Vec<String>,
+}
+
+impl SecurityConfig {
+    /// Whether requests are checked against ACLs.
+    pub fn authorizer_enabled(&self) -> bool {
+        self.authorizer || self.acl_file.is_some() || !self.super_users.is_empty()
+    }
+}
+
+impl BrokerConfig {
+    /// The listeners to bind: `listeners`, or one PLAINTEXT listener on `listen`
+    /// (advertising `advertised_listener`) when that is empty.
+    pub fn effective_listeners(&self) -> Vec<ListenerConfig> {
+        if self.listeners.is_empty() {
+            let mut plain = ListenerConfig::new(SecurityProtocol::Plaintext, self.listen);
+            plain.advertised = self.advertised_listener.clone();
+            vec![plain]
+        } else {
+            self.listeners.clone()
         }
     }
 }

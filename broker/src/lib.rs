@@ -3,6 +3,8 @@
 //! Start one in-process with [`start`] (tests, examples) or run the `onceflow-broker` binary.
 //! Layers, from the wire inwards:
 //! - [`server`]: the tokio listener, one task per connection, ordered request pipelining;
+//! - [`security`]: listeners (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), TLS, SASL
+//!   authentication and per-connection sessions;
 //! - [`codec`]: length-prefixed frames, request headers, response encoding, with
 //!   [`request_guard`] refusing array counts a frame cannot hold before decoding;
 //! - [`handlers`]: one module per Kafka API, dispatched from the advertised version table;
@@ -34,6 +36,7 @@ pub mod metrics;
 pub mod producer_ids;
 pub mod record_timestamps;
 pub mod request_guard;
+pub mod security;
 pub mod server;
 pub mod state;
 pub mod storage;

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -25,8 +25,12 @@ use crate::error::{BrokerError, Result};
 use crate::handlers::{self, api_name, DispatchError};
 use crate::metrics;
 use crate::producer_ids::ProducerIdAllocator;
+use crate::security::{ListenerEndpoint, Security, Session};
 use crate::state::BrokerState;
 use crate::storage::{StorageConfig, Store};
+
+/// How long a client may take to complete the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -72,6 +76,7 @@ pub fn release_request_order() {
 /// [`BrokerHandle::shutdown`] to stop it and flush the log.
 pub struct BrokerHandle {
     local_addr: SocketAddr,
+    listeners: Vec<(Arc<ListenerEndpoint>, SocketAddr)>,
     metrics_addr: Option<SocketAddr>,
     shutdown_tx: watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
@@ -87,6 +92,19 @@ impl BrokerHandle {
     /// `HOST:PORT` to give clients as `bootstrap.servers`.
     pub fn bootstrap_servers(&self) -> String {
         self.local_addr.to_string()
+    }
+
+    /// The bound address of the listener named `name` (e.g. `SASL_SSL`), port 0 resolved.
+    pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .find(|(l, _)| l.name.eq_ignore_ascii_case(name))
+            .map(|(_, addr)| *addr)
+    }
+
+    /// Every listener with its bound address, in configuration order.
+    pub fn listeners(&self) -> impl Iterator<Item = (&ListenerEndpoint, SocketAddr)> {
+        self.listeners.iter().map(|(l, addr)| (&**l, *addr))
     }
 
     /// The broker's shared state, for driving handlers without a socket (fuzzing, tests).
@@ -132,22 +150,44 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
             config.default_partitions
         )));
     }
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| BrokerError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let local_addr = listener.local_addr().map_err(|source| BrokerError::Bind {
-        addr: config.listen,
-        source,
-    })?;
-    let (advertised_host, advertised_port) = match &config.advertised_listener {
-        Some(listener) => parse_host_port(listener).ok_or_else(|| {
-            BrokerError::Config(format!("advertised listener {listener:?} is not HOST:PORT"))
-        })?,
-        None => (local_addr.ip().to_string(), local_addr.port()),
-    };
+    let security = Arc::new(Security::open(&config)?);
+    let mut bound = Vec::new();
+    for listener_config in config.effective_listeners() {
+        if bound
+            .iter()
+            .any(|(l, _, _): &(Arc<ListenerEndpoint>, _, _)| l.name == listener_config.name)
+        {
+            return Err(BrokerError::Config(format!(
+                "listener name {} is used twice",
+                listener_config.name
+            )));
+        }
+        let addr = listener_config.addr;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| BrokerError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| BrokerError::Bind { addr, source })?;
+        let (host, port) = match &listener_config.advertised {
+            Some(advertised) => parse_host_port(advertised).ok_or_else(|| {
+                BrokerError::Config(format!(
+                    "advertised listener {advertised:?} is not HOST:PORT"
+                ))
+            })?,
+            None => (local_addr.ip().to_string(), local_addr.port()),
+        };
+        let endpoint = Arc::new(ListenerEndpoint {
+            name: listener_config.name.clone(),
+            protocol: listener_config.protocol,
+            advertised_host: host,
+            advertised_port: i32::from(port),
+        });
+        bound.push((endpoint, local_addr, listener));
+    }
+    let local_addr = bound[0].1;
+    let advertised_host = bound[0].0.advertised_host.clone();
+    let advertised_port = bound[0].0.advertised_port;
 
     let storage_config = StorageConfig {
         repair_corrupt_logs: config.storage.repair_corrupt_logs || config.repair_corrupt_logs,
@@ -224,7 +264,8 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
         config,
         store,
         advertised_host,
-        advertised_port: i32::from(advertised_port),
+        advertised_port,
+        security,
         appended: Notify::new(),
         producer_ids,
         txn,
@@ -258,10 +299,28 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
     }
     state.groups.spawn_timer();
     // With `FsyncPolicy::Interval` the store runs its own flusher thread.
-    tracing::info!(%local_addr, advertised = %format!("{}:{}", state.advertised_host, state.advertised_port), "broker listening");
-    let server = tokio::spawn(accept_loop(listener, Arc::clone(&state), shutdown_rx));
+    let mut accept_loops = JoinSet::new();
+    let mut listeners = Vec::new();
+    for (endpoint, addr, listener) in bound {
+        tracing::info!(
+            listener = %endpoint.name,
+            protocol = %endpoint.protocol,
+            local_addr = %addr,
+            advertised = %format!("{}:{}", endpoint.advertised_host, endpoint.advertised_port),
+            "broker listening"
+        );
+        accept_loops.spawn(accept_loop(
+            listener,
+            Arc::clone(&endpoint),
+            Arc::clone(&state),
+            shutdown_rx.clone(),
+        ));
+        listeners.push((endpoint, addr));
+    }
+    let server = tokio::spawn(async move { while accept_loops.join_next().await.is_some() {} });
     Ok(BrokerHandle {
         local_addr,
+        listeners,
         metrics_addr,
         shutdown_tx,
         server,
@@ -271,6 +330,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
 
 async fn accept_loop(
     listener: TcpListener,
+    endpoint: Arc<ListenerEndpoint>,
     state: Arc<BrokerState>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -283,8 +343,9 @@ async fn accept_loop(
                 Ok((stream, peer)) => {
                     let state = Arc::clone(&state);
                     let shutdown = shutdown.clone();
+                    let endpoint = Arc::clone(&endpoint);
                     connections.spawn(
-                        serve_connection(state, stream, peer, shutdown)
+                        open_connection(state, endpoint, stream, peer, shutdown)
                             .instrument(tracing::info_span!("connection", %peer)),
                     );
                 }
@@ -304,16 +365,70 @@ async fn accept_loop(
     }
 }
 
-async fn serve_connection(
+/// Runs the TLS handshake on TLS listeners (a failed one is logged and the connection
+/// dropped), then serves the connection's requests.
+async fn open_connection(
     state: Arc<BrokerState>,
+    endpoint: Arc<ListenerEndpoint>,
     stream: TcpStream,
     peer: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    tracing::debug!("connection opened");
-    metrics::connections(1.0);
     let _ = stream.set_nodelay(true);
-    let (mut reader, writer) = stream.into_split();
+    if !endpoint.protocol.uses_tls() {
+        let session = Arc::new(Session::new(endpoint, peer, None));
+        let (reader, writer) = stream.into_split();
+        serve_connection(state, session, reader, writer, shutdown).await;
+        return;
+    }
+    let Some(tls) = state.security.tls.clone() else {
+        tracing::error!(listener = %endpoint.name, "TLS listener without a TLS configuration");
+        return;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let stream = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            tracing::warn!(%peer, listener = %endpoint.name, error = %e, "TLS handshake failed; connection refused");
+            crate::security::record_tls_handshake_failure(&endpoint.name);
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(%peer, listener = %endpoint.name, "TLS handshake timed out; connection refused");
+            crate::security::record_tls_handshake_failure(&endpoint.name);
+            return;
+        }
+    };
+    let tls_principal = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .and_then(|cert| crate::security::tls::principal_from_certificate(cert));
+    if let Some(principal) = &tls_principal {
+        tracing::debug!(%peer, principal, "TLS client authenticated");
+    }
+    let principal = (!endpoint.protocol.uses_sasl())
+        .then_some(tls_principal)
+        .flatten();
+    let session = Arc::new(Session::new(endpoint, peer, principal));
+    let (reader, writer) = tokio::io::split(stream);
+    serve_connection(state, session, reader, writer, shutdown).await;
+}
+
+async fn serve_connection<R, W>(
+    state: Arc<BrokerState>,
+    session: Arc<Session>,
+    mut reader: R,
+    writer: W,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = session.peer;
+    tracing::debug!(listener = %session.listener.name, "connection opened");
+    metrics::connections(1.0);
     let max = state.config.max_request_bytes;
     let (frames_tx, mut frames) = mpsc::channel::<(Bytes, OwnedSemaphorePermit)>(PIPELINE_DEPTH);
     let read_ahead = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
@@ -372,6 +487,10 @@ async fn serve_connection(
                         break;
                     }
                 }
+                if session.close_requested() {
+                    // e.g. a failed SASL authentication: the answer is out, then close.
+                    break;
+                }
                 let next_ready = in_flight.front().is_some_and(|t| t.is_finished());
                 if !next_ready && frames.is_empty() {
                     if let Err(e) = writer.flush().await {
@@ -394,13 +513,15 @@ async fn serve_connection(
                     let (tx, rx) = oneshot::channel();
                     gate = Some(rx);
                     let state = Arc::clone(&state);
+                    let session = Arc::clone(&session);
                     let order = OrderGate(Mutex::new(Some(tx)));
                     in_flight.push_back(tokio::spawn(
                         ORDER_GATE
                             .scope(order, async move {
-                                let response = handle_frame(&state, frame).await;
+                                let response = handle_frame(&state, &session, frame).await;
                                 drop(permit);
-                                let _ = ORDER_GATE.try_with(|g| g.fire(response.is_some()));
+                                let go_on = response.is_some() && !session.close_requested();
+                                let _ = ORDER_GATE.try_with(|g| g.fire(go_on));
                                 response
                             })
                             .instrument(span.clone()),
@@ -421,7 +542,11 @@ async fn serve_connection(
 
 /// Handles one frame inside a request span. `None` closes the connection; `Some(None)` is a
 /// request without a response.
-async fn handle_frame(state: &Arc<BrokerState>, frame: Bytes) -> Option<Option<Bytes>> {
+async fn handle_frame(
+    state: &Arc<BrokerState>,
+    session: &Arc<Session>,
+    frame: Bytes,
+) -> Option<Option<Bytes>> {
     let started = Instant::now();
     let prefix = codec::peek_prefix(&frame).ok();
     let span = tracing::debug_span!(
@@ -434,7 +559,7 @@ async fn handle_frame(state: &Arc<BrokerState>, frame: Bytes) -> Option<Option<B
         client_id = tracing::field::Empty,
         latency_us = tracing::field::Empty,
     );
-    let result = handlers::dispatch(state, frame)
+    let result = handlers::dispatch_in_session(state, session, frame)
         .instrument(span.clone())
         .await;
     let elapsed = started.elapsed();
@@ -450,6 +575,8 @@ async fn handle_frame(state: &Arc<BrokerState>, frame: Bytes) -> Option<Option<B
             let _entered = span.enter();
             let api = match &e {
                 DispatchError::Unsupported { api, .. } => api_name(*api),
+                DispatchError::Unauthenticated { api } => api_name(*api),
+                DispatchError::SaslFailed => "SaslAuthenticate",
                 DispatchError::Codec(_) => "invalid",
             };
             tracing::warn!(error = %e, "bad request; closing connection");

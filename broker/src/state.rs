@@ -24,7 +24,8 @@ pub struct BrokerState {
     pub config: BrokerConfig,
     /// The partition logs.
     pub store: Store,
-    /// Host that Metadata advertises.
+    /// Host that the first listener advertises (a connection's Metadata answers with its own
+    /// listener's endpoint).
     pub advertised_host: String,
     /// Port that Metadata advertises.
     pub advertised_port: i32,
@@ -37,6 +38,8 @@ pub struct BrokerState {
     pub txn: Arc<crate::txn::TxnManager>,
     /// The consumer group coordinator and group offsets store.
     pub groups: Arc<crate::group::GroupCoordinator>,
+    /// TLS configuration, SASL users and the authorizer.
+    pub security: Arc<crate::security::Security>,
     /// Flips to true when the broker shuts down.
     pub shutdown: watch::Receiver<bool>,
 }

@@ -4,18 +4,58 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::Parser;
-use onceflow_broker::config::DEFAULT_MAX_REQUEST_BYTES;
+use clap::{Parser, Subcommand};
+use onceflow_broker::config::{SecurityConfig, DEFAULT_MAX_REQUEST_BYTES};
+use onceflow_broker::security::scram::{ScramCredential, ScramHash, MIN_ITERATIONS};
+use onceflow_broker::security::{ClientAuth, ListenerConfig, SecurityProtocol, TlsConfig};
 use onceflow_broker::storage::{FsyncPolicy, StorageConfig};
 use onceflow_broker::BrokerConfig;
 
 /// A single-node Kafka-wire-protocol broker with a durable log.
 #[derive(Debug, Parser)]
-#[command(name = "onceflow-broker", version)]
+#[command(
+    name = "onceflow-broker",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Args {
-    /// Address to listen on; port 0 picks a free port (printed on stdout).
-    #[arg(long, default_value = "127.0.0.1:9092")]
-    listen: SocketAddr,
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Address of a PLAINTEXT listener; port 0 picks a free port (printed on stdout).
+    /// Default 127.0.0.1:9092 when no --listener is given.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// A listener, `PROTOCOL://HOST:PORT` or `NAME=PROTOCOL://HOST:PORT` with PROTOCOL one
+    /// of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL (repeatable; the first one is printed as
+    /// `listening on`).
+    #[arg(long = "listener", value_name = "[NAME=]PROTOCOL://HOST:PORT")]
+    listeners: Vec<ListenerConfig>,
+    /// PEM certificate chain of the SSL and SASL_SSL listeners.
+    #[arg(long, requires = "ssl_key")]
+    ssl_certificate: Option<PathBuf>,
+    /// PEM private key of the SSL and SASL_SSL listeners.
+    #[arg(long, requires = "ssl_certificate")]
+    ssl_key: Option<PathBuf>,
+    /// PEM CA certificates that client certificates must chain to; turns on client
+    /// authentication (`--ssl-client-auth`, default required).
+    #[arg(long)]
+    ssl_client_ca: Option<PathBuf>,
+    /// none, requested or required (default: required with --ssl-client-ca, else none).
+    #[arg(long)]
+    ssl_client_auth: Option<ClientAuth>,
+    /// SASL users file (`USER:plain:PASSWORD` or `USER:scram-sha-256:salt=..,...` lines).
+    #[arg(long)]
+    sasl_users: Option<PathBuf>,
+    /// Check requests against ACLs (implied by --acl-file and --super-user).
+    #[arg(long)]
+    authorizer: bool,
+    /// ACL bindings to load at start (see broker/README.md, "Security").
+    #[arg(long)]
+    acl_file: Option<PathBuf>,
+    /// A principal allowed everything, e.g. `User:admin` (repeatable).
+    #[arg(long = "super-user", value_name = "PRINCIPAL")]
+    super_users: Vec<String>,
     /// Directory of the durable log.
     #[arg(
         long,
@@ -79,6 +119,53 @@ struct Args {
     txn_marker_delay_ms: u64,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Prints a users-file line with SCRAM credentials for a password read from stdin (one
+    /// line); the password itself is not printed.
+    ScramCredential {
+        /// The user name.
+        #[arg(long)]
+        user: String,
+        /// SCRAM-SHA-256 or SCRAM-SHA-512.
+        #[arg(long, default_value = "SCRAM-SHA-256")]
+        mechanism: String,
+        /// PBKDF2 iterations (at least 4096).
+        #[arg(long, default_value_t = MIN_ITERATIONS, value_parser = clap::value_parser!(u32).range(i64::from(MIN_ITERATIONS)..))]
+        iterations: u32,
+    },
+}
+
+fn scram_credential(user: &str, mechanism: &str, iterations: u32) -> std::process::ExitCode {
+    let Some(hash) = ScramHash::from_mechanism(mechanism) else {
+        eprintln!(
+            "onceflow-broker: unknown mechanism {mechanism:?} (SCRAM-SHA-256 or SCRAM-SHA-512)"
+        );
+        return std::process::ExitCode::from(2);
+    };
+    if user.is_empty() || user.contains(':') {
+        eprintln!("onceflow-broker: the user name must be non-empty and free of ':'");
+        return std::process::ExitCode::from(2);
+    }
+    let mut password = String::new();
+    if let Err(e) = std::io::stdin().read_line(&mut password) {
+        eprintln!("onceflow-broker: cannot read the password from stdin: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let password = password.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        eprintln!("onceflow-broker: empty password on stdin");
+        return std::process::ExitCode::from(2);
+    }
+    let credential = ScramCredential::from_password(hash, password, iterations);
+    println!(
+        "{user}:{}:{}",
+        hash.mechanism().to_ascii_lowercase(),
+        credential.to_file_value()
+    );
+    std::process::ExitCode::SUCCESS
+}
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -88,6 +175,14 @@ fn main() -> std::process::ExitCode {
         )
         .init();
     let args = Args::parse();
+    if let Some(Command::ScramCredential {
+        user,
+        mechanism,
+        iterations,
+    }) = &args.command
+    {
+        return scram_credential(user, mechanism, *iterations);
+    }
     let fsync: FsyncPolicy = match args.fsync.parse() {
         Ok(policy) => policy,
         Err(e) => {
@@ -114,9 +209,51 @@ fn main() -> std::process::ExitCode {
     if let Some(bytes) = args.segment_bytes {
         storage.segment_bytes = bytes;
     }
+    let mut listeners = args.listeners.clone();
+    match (args.listen, listeners.is_empty()) {
+        // --listen next to --listener adds a PLAINTEXT listener in front.
+        (Some(addr), false) => listeners.insert(
+            0,
+            ListenerConfig::new(SecurityProtocol::Plaintext, addr).named("PLAINTEXT_LISTEN"),
+        ),
+        (None, true) => listeners.push(ListenerConfig::new(
+            SecurityProtocol::Plaintext,
+            SocketAddr::from(([127, 0, 0, 1], 9092)),
+        )),
+        (Some(addr), true) => {
+            listeners.push(ListenerConfig::new(SecurityProtocol::Plaintext, addr))
+        }
+        (None, false) => {}
+    }
+    if let Some(advertised) = &args.advertised_listener {
+        listeners[0].advertised = Some(advertised.clone());
+    }
+    let tls = match (&args.ssl_certificate, &args.ssl_key) {
+        (Some(cert), Some(key)) => Some(TlsConfig {
+            certificate_chain: cert.clone(),
+            private_key: key.clone(),
+            client_ca: args.ssl_client_ca.clone(),
+            client_auth: args
+                .ssl_client_auth
+                .unwrap_or(if args.ssl_client_ca.is_some() {
+                    ClientAuth::Required
+                } else {
+                    ClientAuth::None
+                }),
+        }),
+        _ => None,
+    };
     let config = BrokerConfig {
-        listen: args.listen,
+        listen: listeners[0].addr,
         advertised_listener: args.advertised_listener,
+        listeners,
+        security: SecurityConfig {
+            tls,
+            sasl_users_file: args.sasl_users,
+            authorizer: args.authorizer,
+            acl_file: args.acl_file,
+            super_users: args.super_users,
+        },
         storage,
         auto_create_topics: !args.no_auto_create_topics,
         default_partitions: args.default_partitions,
@@ -155,6 +292,16 @@ async fn run(config: BrokerConfig) -> std::process::ExitCode {
     };
     {
         let mut stdout = std::io::stdout().lock();
+        // With several listeners, one line each first; `listening on` (the first listener's
+        // address) stays the line scripts wait for.
+        let several = broker.listeners().count() > 1;
+        for (listener, addr) in broker.listeners().filter(|_| several) {
+            let _ = writeln!(
+                stdout,
+                "listener {} {} on {addr}",
+                listener.name, listener.protocol
+            );
+        }
         let _ = writeln!(stdout, "listening on {}", broker.local_addr());
         let _ = stdout.flush();
     }

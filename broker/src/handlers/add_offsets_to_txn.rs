@@ -9,14 +9,37 @@ use kafka_protocol::messages::{AddOffsetsToTxnRequest, AddOffsetsToTxnResponse};
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Answers AddOffsetsToTxn.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: AddOffsetsToTxnRequest,
 ) -> AddOffsetsToTxnResponse {
+    // Write on the transactional id, then Read on the group.
+    let denied = if !ctx.authorized(
+        state,
+        AclOperation::Write,
+        ResourceType::TransactionalId,
+        &req.transactional_id,
+    ) {
+        Some(ResponseError::TransactionalIdAuthorizationFailed)
+    } else if !ctx.authorized(
+        state,
+        AclOperation::Read,
+        ResourceType::Group,
+        &req.group_id,
+    ) {
+        Some(ResponseError::GroupAuthorizationFailed)
+    } else {
+        None
+    };
+    if let Some(error) = denied {
+        metrics::partition_error("AddOffsetsToTxn", error.code());
+        return AddOffsetsToTxnResponse::default().with_error_code(error.code());
+    }
     let txn_id = req.transactional_id.0.to_string();
     let group = req.group_id.0.to_string();
     let st = Arc::clone(state);

@@ -11,17 +11,65 @@ use kafka_protocol::messages::{AddPartitionsToTxnRequest, AddPartitionsToTxnResp
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Answers AddPartitionsToTxn.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: AddPartitionsToTxnRequest,
 ) -> AddPartitionsToTxnResponse {
     let txn_id = req.v3_and_below_transactional_id.0.to_string();
     let producer_id = req.v3_and_below_producer_id.0;
     let epoch = req.v3_and_below_producer_epoch;
+    // Write on the transactional id (every partition refused), then Write on each topic
+    // (denied topics refused, the others not attempted).
+    let txn_denied = !ctx.authorized(
+        state,
+        AclOperation::Write,
+        ResourceType::TransactionalId,
+        &req.v3_and_below_transactional_id,
+    );
+    let denied_topics: Vec<&str> = if txn_denied {
+        Vec::new()
+    } else {
+        req.v3_and_below_topics
+            .iter()
+            .map(|t| t.name.0.as_str())
+            .filter(|t| !ctx.authorized(state, AclOperation::Write, ResourceType::Topic, t))
+            .collect()
+    };
+    if txn_denied || !denied_topics.is_empty() {
+        let code_of = |topic: &str| {
+            if txn_denied {
+                ResponseError::TransactionalIdAuthorizationFailed.code()
+            } else if denied_topics.contains(&topic) {
+                ResponseError::TopicAuthorizationFailed.code()
+            } else {
+                ResponseError::OperationNotAttempted.code()
+            }
+        };
+        let results = req
+            .v3_and_below_topics
+            .iter()
+            .map(|t| {
+                AddPartitionsToTxnTopicResult::default()
+                    .with_name(t.name.clone())
+                    .with_results_by_partition(
+                        t.partitions
+                            .iter()
+                            .map(|&p| {
+                                AddPartitionsToTxnPartitionResult::default()
+                                    .with_partition_index(p)
+                                    .with_partition_error_code(code_of(t.name.0.as_str()))
+                            })
+                            .collect(),
+                    )
+            })
+            .collect();
+        return AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results);
+    }
     let mut requested = Vec::new();
     let mut unknown = false;
     for t in &req.v3_and_below_topics {

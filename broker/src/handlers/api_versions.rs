@@ -42,6 +42,13 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListTransactions, 0, 1),
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::WriteTxnMarkers, 1, 1),
+    // security: SASL authentication
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
+    // security: ACL admin APIs
+    (ApiKey::CreateAcls, 0, 3),
+    (ApiKey::DescribeAcls, 0, 3),
+    (ApiKey::DeleteAcls, 0, 3),
 ];
 
 /// The advertised (min, max) versions of `key`, or None if the API is not implemented.

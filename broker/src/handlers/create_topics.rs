@@ -13,15 +13,18 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::{topic_configs, RequestContext};
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::{BrokerState, MAX_PARTITIONS_PER_TOPIC};
 use crate::storage::StorageError;
 
 /// Answers CreateTopics.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: CreateTopicsRequest,
 ) -> CreateTopicsResponse {
+    // Create on the cluster covers every topic; else Create on each topic.
+    let cluster_create = ctx.authorized_on_cluster(state, AclOperation::Create);
     let mut results = Vec::with_capacity(req.topics.len());
     let mut seen = std::collections::HashSet::new();
     for topic in req.topics {
@@ -31,6 +34,19 @@ pub async fn handle(
                 &topic,
                 ResponseError::InvalidRequest,
                 "topic listed twice in one request".into(),
+            )
+        } else if !cluster_create
+            && !ctx.authorized(
+                state,
+                AclOperation::Create,
+                ResourceType::Topic,
+                &topic.name,
+            )
+        {
+            failure(
+                &topic,
+                ResponseError::TopicAuthorizationFailed,
+                "not authorized to create the topic".into(),
             )
         } else {
             create_one(state, &topic, req.validate_only).await

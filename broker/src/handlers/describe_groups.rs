@@ -8,6 +8,7 @@ use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Answers DescribeGroups. Unknown groups are reported as `Dead` without error, as Kafka does
@@ -19,6 +20,7 @@ pub fn handle(
 ) -> DescribeGroupsResponse {
     let groups = req
         .groups
+        .clone()
         .into_iter()
         .map(|group_id| {
             let base = DescribedGroup::default().with_authorized_operations(i32::MIN);
@@ -28,6 +30,22 @@ pub fn handle(
                     .with_error_code(ResponseError::InvalidGroupId.code())
                     .with_group_state(StrBytes::from_static_str("Dead"));
             }
+            if !ctx.authorized(
+                state,
+                AclOperation::Describe,
+                ResourceType::Group,
+                group_id.as_str(),
+            ) {
+                return base
+                    .with_group_id(group_id)
+                    .with_error_code(ResponseError::GroupAuthorizationFailed.code());
+            }
+            let operations = if ctx.version >= 3 && req.include_authorized_operations {
+                ctx.authorized_operations(state, ResourceType::Group, group_id.as_str())
+            } else {
+                i32::MIN
+            };
+            let base = base.with_authorized_operations(operations);
             let d = state.groups.describe(group_id.as_str());
             let members = d
                 .members

@@ -9,14 +9,25 @@ use kafka_protocol::messages::{EndTxnRequest, EndTxnResponse};
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Answers EndTxn.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: EndTxnRequest,
 ) -> EndTxnResponse {
+    if !ctx.authorized(
+        state,
+        AclOperation::Write,
+        ResourceType::TransactionalId,
+        &req.transactional_id,
+    ) {
+        let code = ResponseError::TransactionalIdAuthorizationFailed.code();
+        metrics::partition_error("EndTxn", code);
+        return EndTxnResponse::default().with_error_code(code);
+    }
     let txn_id = req.transactional_id.0.to_string();
     let st = Arc::clone(state);
     let (pid, epoch, commit) = (req.producer_id.0, req.producer_epoch, req.committed);

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 use crate::storage::ReadError;
 
@@ -45,12 +46,18 @@ pub async fn handle(
     let deadline = Instant::now() + wait;
     let min_bytes = usize::try_from(req.min_bytes).unwrap_or(0);
     let mut shutdown = state.shutdown.clone();
+    // Read on each topic, checked once per request (not per long-poll pass).
+    let denied: Vec<bool> = req
+        .topics
+        .iter()
+        .map(|t| !ctx.authorized(state, AclOperation::Read, ResourceType::Topic, &t.topic))
+        .collect();
     loop {
         // Register for wakeups before reading, so an append in between is not missed.
         let appended = state.appended.notified();
         tokio::pin!(appended);
         appended.as_mut().enable();
-        let (response, bytes, errors) = read_once(state, &req);
+        let (response, bytes, errors) = read_once(state, &req, &denied);
         if bytes >= min_bytes || errors || Instant::now() >= deadline || *shutdown.borrow() {
             return response;
         }
@@ -64,13 +71,18 @@ pub async fn handle(
 
 /// One pass over the requested partitions: the response, the record bytes in it, and
 /// whether any partition carries an error (which ends the long poll).
-fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, bool) {
+fn read_once(
+    state: &BrokerState,
+    req: &FetchRequest,
+    denied: &[bool],
+) -> (FetchResponse, usize, bool) {
     let mut remaining = usize::try_from(req.max_bytes).unwrap_or(0);
     let mut total = 0usize;
     let mut errors = false;
     let mut topics = Vec::with_capacity(req.topics.len());
-    for topic in &req.topics {
+    for (topic_no, topic) in req.topics.iter().enumerate() {
         let name = topic.topic.0.as_str();
+        let topic_denied = denied.get(topic_no).copied().unwrap_or(false);
         let mut partitions = Vec::with_capacity(topic.partitions.len());
         for p in &topic.partitions {
             let mut data = PartitionData::default()
@@ -78,11 +90,21 @@ fn read_once(state: &BrokerState, req: &FetchRequest) -> (FetchResponse, usize, 
                 .with_preferred_read_replica(BrokerId(-1))
                 .with_aborted_transactions(Some(Vec::new()))
                 .with_records(Some(Bytes::new()));
-            let Some(partition) = state.partition(name, p.partition) else {
+            let partition = if topic_denied {
+                None
+            } else {
+                state.partition(name, p.partition)
+            };
+            let Some(partition) = partition else {
                 errors = true;
-                metrics::partition_error("Fetch", ResponseError::UnknownTopicOrPartition.code());
+                let error = if topic_denied {
+                    ResponseError::TopicAuthorizationFailed
+                } else {
+                    ResponseError::UnknownTopicOrPartition
+                };
+                metrics::partition_error("Fetch", error.code());
                 partitions.push(
-                    data.with_error_code(ResponseError::UnknownTopicOrPartition.code())
+                    data.with_error_code(error.code())
                         .with_high_watermark(-1)
                         .with_last_stable_offset(-1)
                         .with_log_start_offset(-1),

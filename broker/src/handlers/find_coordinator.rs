@@ -8,6 +8,7 @@ use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinator
 use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::{BrokerState, NODE_ID};
 
 /// Key type of a consumer group.
@@ -15,11 +16,29 @@ const KEY_TYPE_GROUP: i8 = 0;
 /// Key type of a transactional id.
 const KEY_TYPE_TRANSACTION: i8 = 1;
 
-/// The error code for looking up `key` of `key_type` here (0 when this node coordinates it).
-fn lookup_error(key_type: i8, key: &str) -> i16 {
+/// The error code for looking up `key` of `key_type` here (0 when this node coordinates it
+/// and the principal may Describe the group or transactional id).
+fn lookup_error(state: &BrokerState, ctx: &RequestContext, key_type: i8, key: &str) -> i16 {
     match key_type {
-        KEY_TYPE_GROUP => 0,
-        KEY_TYPE_TRANSACTION if !key.is_empty() => 0,
+        KEY_TYPE_GROUP => {
+            if ctx.authorized(state, AclOperation::Describe, ResourceType::Group, key) {
+                0
+            } else {
+                ResponseError::GroupAuthorizationFailed.code()
+            }
+        }
+        KEY_TYPE_TRANSACTION if !key.is_empty() => {
+            if ctx.authorized(
+                state,
+                AclOperation::Describe,
+                ResourceType::TransactionalId,
+                key,
+            ) {
+                0
+            } else {
+                ResponseError::TransactionalIdAuthorizationFailed.code()
+            }
+        }
         _ => ResponseError::InvalidRequest.code(),
     }
 }
@@ -35,14 +54,14 @@ pub fn handle(
     } else {
         KEY_TYPE_GROUP
     };
-    let host = StrBytes::from_string(state.advertised_host.clone());
-    let port = state.advertised_port;
+    let host = StrBytes::from_string(ctx.session.listener.advertised_host.clone());
+    let port = ctx.session.listener.advertised_port;
     if ctx.version >= 4 {
         let coordinators = req
             .coordinator_keys
             .into_iter()
             .map(|key| {
-                let error = lookup_error(key_type, key.as_str());
+                let error = lookup_error(state, ctx, key_type, key.as_str());
                 tracing::debug!(key = %key.as_str(), key_type, error, "find coordinator");
                 let found = error == 0;
                 Coordinator::default()
@@ -59,7 +78,7 @@ pub fn handle(
             .collect();
         return FindCoordinatorResponse::default().with_coordinators(coordinators);
     }
-    let error = lookup_error(key_type, req.key.as_str());
+    let error = lookup_error(state, ctx, key_type, req.key.as_str());
     tracing::debug!(key = %req.key.as_str(), key_type, error, "find coordinator");
     if error != 0 {
         return FindCoordinatorResponse::default()

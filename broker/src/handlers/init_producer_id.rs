@@ -9,12 +9,13 @@ use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, Pr
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Answers InitProducerId.
 pub async fn handle(
     state: &Arc<BrokerState>,
-    _ctx: &RequestContext,
+    ctx: &RequestContext,
     req: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
     let refused = |error: ResponseError| {
@@ -26,8 +27,16 @@ pub async fn handle(
     };
     // transactional ids go to the transaction coordinator
     if let Some(txn_id) = req.transactional_id.as_ref().filter(|t| !t.0.is_empty()) {
+        if !ctx.authorized(
+            state,
+            AclOperation::Write,
+            ResourceType::TransactionalId,
+            txn_id,
+        ) {
+            return refused(ResponseError::TransactionalIdAuthorizationFailed);
+        }
         let txn_id = txn_id.0.to_string();
-        let expected = (_ctx.version >= 3 && req.producer_id.0 >= 0)
+        let expected = (ctx.version >= 3 && req.producer_id.0 >= 0)
             .then_some((req.producer_id.0, req.producer_epoch));
         let timeout = req.transaction_timeout_ms;
         let st = Arc::clone(state);
@@ -49,6 +58,12 @@ pub async fn handle(
                 refused(ResponseError::UnknownServerError)
             }
         };
+    }
+    // Idempotent producers: IdempotentWrite on the cluster or Write on some topic (Kafka 2.8+).
+    if !ctx.authorized_on_cluster(state, AclOperation::IdempotentWrite)
+        && !ctx.authorized_on_any(state, AclOperation::Write, ResourceType::Topic)
+    {
+        return refused(ResponseError::ClusterAuthorizationFailed);
     }
     let allocator = Arc::clone(state);
     let allocated = if state.is_durable() {

@@ -8,6 +8,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
 use crate::group::JoinParams;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Answers JoinGroup (may wait up to the group's rebalance timeout).
@@ -16,6 +17,16 @@ pub async fn handle(
     ctx: &RequestContext,
     req: JoinGroupRequest,
 ) -> JoinGroupResponse {
+    if !ctx.authorized(
+        state,
+        AclOperation::Read,
+        ResourceType::Group,
+        &req.group_id,
+    ) {
+        return JoinGroupResponse::default()
+            .with_error_code(kafka_protocol::error::ResponseError::GroupAuthorizationFailed.code())
+            .with_generation_id(-1);
+    }
     let params = JoinParams {
         member_id: req.member_id.to_string(),
         group_instance_id: req.group_instance_id.as_ref().map(|s| s.to_string()),

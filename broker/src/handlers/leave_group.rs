@@ -6,6 +6,7 @@ use kafka_protocol::messages::leave_group_response::MemberResponse;
 use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse};
 
 use super::RequestContext;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Answers LeaveGroup.
@@ -14,6 +15,16 @@ pub fn handle(
     ctx: &RequestContext,
     req: LeaveGroupRequest,
 ) -> LeaveGroupResponse {
+    if !ctx.authorized(
+        state,
+        AclOperation::Read,
+        ResourceType::Group,
+        &req.group_id,
+    ) {
+        return LeaveGroupResponse::default().with_error_code(
+            kafka_protocol::error::ResponseError::GroupAuthorizationFailed.code(),
+        );
+    }
     if ctx.version <= 2 {
         let (top, errors) = state
             .groups

@@ -12,6 +12,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::acl::CLUSTER_NAME;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::{BrokerState, TopicLookup, CLUSTER_ID, NODE_ID};
 
 /// Answers Metadata.
@@ -28,11 +30,20 @@ pub fn handle(
     };
     // Before v4 there is no flag and brokers auto-create.
     let allow_auto_create = ctx.version < 4 || req.allow_auto_topic_creation;
-    let topics = match requested {
+    let describe =
+        |name: &str| ctx.authorized(state, AclOperation::Describe, ResourceType::Topic, name);
+    // Auto-creation needs Create on the cluster or on the topic, as in Kafka.
+    let may_create = |name: &str| {
+        ctx.authorized_on_cluster(state, AclOperation::Create)
+            || ctx.authorized(state, AclOperation::Create, ResourceType::Topic, name)
+    };
+    let mut topics: Vec<MetadataResponseTopic> = match requested {
+        // All topics: those the principal may not describe are left out.
         None => state
             .store
             .topics()
             .into_iter()
+            .filter(|(name, _)| describe(name))
             .map(|(name, count)| topic_entry(&name, count))
             .collect(),
         Some(names) => names
@@ -42,6 +53,16 @@ pub fn handle(
                     Some(TopicName::default()),
                     ResponseError::UnknownTopicId.code(),
                 ),
+                Some(name) if !describe(name.0.as_str()) => {
+                    error_entry(Some(name), ResponseError::TopicAuthorizationFailed.code())
+                }
+                Some(name)
+                    if allow_auto_create
+                        && state.partition_count(name.0.as_str()).is_none()
+                        && !may_create(name.0.as_str()) =>
+                {
+                    error_entry(Some(name), ResponseError::TopicAuthorizationFailed.code())
+                }
                 Some(name) => match state.lookup_or_create(name.0.as_str(), allow_auto_create) {
                     TopicLookup::Exists(count) => topic_entry(name.0.as_str(), count),
                     TopicLookup::Missing => {
@@ -54,15 +75,29 @@ pub fn handle(
             })
             .collect(),
     };
-    for t in &topics {
-        let t: &MetadataResponseTopic = t;
+    for t in &mut topics {
         metrics::partition_error("Metadata", t.error_code);
+        if ctx.version >= 8 && req.include_topic_authorized_operations && t.error_code == 0 {
+            if let Some(name) = &t.name {
+                t.topic_authorized_operations =
+                    ctx.authorized_operations(state, ResourceType::Topic, name.0.as_str());
+            }
+        }
     }
+    let cluster_operations =
+        if (8..=10).contains(&ctx.version) && req.include_cluster_authorized_operations {
+            ctx.authorized_operations(state, ResourceType::Cluster, CLUSTER_NAME)
+        } else {
+            i32::MIN
+        };
     MetadataResponse::default()
+        .with_cluster_authorized_operations(cluster_operations)
         .with_brokers(vec![MetadataResponseBroker::default()
             .with_node_id(BrokerId(NODE_ID))
-            .with_host(StrBytes::from_string(state.advertised_host.clone()))
-            .with_port(state.advertised_port)])
+            .with_host(StrBytes::from_string(
+                ctx.session.listener.advertised_host.clone(),
+            ))
+            .with_port(ctx.session.listener.advertised_port)])
         .with_cluster_id(Some(StrBytes::from_static_str(CLUSTER_ID)))
         .with_controller_id(BrokerId(NODE_ID))
         .with_topics(topics)

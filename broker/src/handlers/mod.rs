@@ -1,6 +1,7 @@
 //! Request dispatch: checks the advertised version table, decodes the body, runs the API's
 //! handler (one module per API) and encodes the response frame.
 
+pub mod acls;
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
 pub mod alter_configs;
@@ -28,6 +29,7 @@ pub mod metadata;
 pub mod offset_commit;
 pub mod offset_fetch;
 pub mod produce;
+pub mod sasl;
 pub mod sync_group;
 pub mod topic_configs;
 pub mod txn_offset_commit;
@@ -47,6 +49,10 @@ use kafka_protocol::messages::{
     FetchRequest, InitProducerIdRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest,
 };
 use kafka_protocol::messages::{
+    CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest, SaslAuthenticateRequest,
+    SaslHandshakeRequest,
+};
+use kafka_protocol::messages::{
     CreatePartitionsRequest, DescribeProducersRequest, DescribeTransactionsRequest,
     ListTransactionsRequest, WriteTxnMarkersRequest,
 };
@@ -58,6 +64,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable};
 
 use crate::codec::{self, CodecError};
+use crate::security::{AclOperation, ResourceType, Session};
 use crate::state::BrokerState;
 
 /// What a handler knows about the request besides its body.
@@ -71,6 +78,93 @@ pub struct RequestContext {
     pub correlation_id: i32,
     /// The client id from the request header, if any.
     pub client_id: Option<String>,
+    /// The connection's listener and principal.
+    pub session: Arc<Session>,
+}
+
+impl RequestContext {
+    /// The connection's principal (`User:ANONYMOUS` before authentication, which only the
+    /// SASL APIs see).
+    pub fn principal(&self) -> &str {
+        self.session
+            .principal()
+            .unwrap_or(crate::security::ANONYMOUS)
+    }
+
+    /// Whether the connection's principal may perform `operation` on the resource; always
+    /// true without an authorizer. A refusal is logged at debug level and counted.
+    pub fn authorized(
+        &self,
+        state: &BrokerState,
+        operation: AclOperation,
+        resource_type: ResourceType,
+        name: &str,
+    ) -> bool {
+        let Some(authorizer) = &state.security.authorizer else {
+            return true;
+        };
+        let allowed = authorizer.authorize(
+            self.principal(),
+            self.session.peer.ip(),
+            operation,
+            resource_type,
+            name,
+        );
+        if !allowed {
+            tracing::debug!(principal = self.principal(), %operation, %resource_type, name, "authorization denied");
+            crate::security::record_denied(resource_type, operation);
+        }
+        allowed
+    }
+
+    /// Whether the principal may perform `operation` on some resource of the type (Kafka's
+    /// `authorizeByResourceType`); always true without an authorizer.
+    pub fn authorized_on_any(
+        &self,
+        state: &BrokerState,
+        operation: AclOperation,
+        resource_type: ResourceType,
+    ) -> bool {
+        state.security.authorizer.as_ref().is_none_or(|a| {
+            a.authorize_any(
+                self.principal(),
+                self.session.peer.ip(),
+                operation,
+                resource_type,
+            )
+        })
+    }
+
+    /// Whether the principal may perform `operation` on the cluster.
+    pub fn authorized_on_cluster(&self, state: &BrokerState, operation: AclOperation) -> bool {
+        self.authorized(
+            state,
+            operation,
+            ResourceType::Cluster,
+            crate::security::acl::CLUSTER_NAME,
+        )
+    }
+
+    /// Kafka's authorized-operations bitfield of a resource for the principal (every
+    /// supported operation without an authorizer).
+    pub fn authorized_operations(
+        &self,
+        state: &BrokerState,
+        resource_type: ResourceType,
+        name: &str,
+    ) -> i32 {
+        match &state.security.authorizer {
+            Some(a) => a.authorized_operations(
+                self.principal(),
+                self.session.peer.ip(),
+                resource_type,
+                name,
+            ),
+            None => AclOperation::supported_by(resource_type)
+                .iter()
+                .fold(0, |bits, op| bits | (1 << op.code())),
+        }
+    }
 }
 
 /// Why a request got no response; the connection is closed after logging it.
@@ -87,6 +181,16 @@ pub enum DispatchError {
         /// The requested version.
         version: i16,
     },
+    /// A request other than ApiVersions or the SASL APIs before SASL authentication
+    /// completed (Kafka closes the connection too).
+    #[error("{api:?} before SASL authentication")]
+    Unauthenticated {
+        /// The API.
+        api: ApiKey,
+    },
+    /// A SASL exchange over bare frames (SaslHandshake v0) failed; the connection closes.
+    #[error("SASL authentication failed")]
+    SaslFailed,
 }
 
 /// A handled request: its context and the encoded response frame (None when the protocol
@@ -99,8 +203,25 @@ pub struct Handled {
     pub response: Option<Bytes>,
 }
 
-/// Decodes and handles one request frame (size prefix removed).
+/// Decodes and handles one request frame (size prefix removed) outside any connection, as
+/// `User:ANONYMOUS` on a PLAINTEXT listener advertising the broker's first listener.
 pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled, DispatchError> {
+    let session = Arc::new(Session::internal(
+        &state.advertised_host,
+        state.advertised_port,
+    ));
+    dispatch_in_session(state, &session, frame).await
+}
+
+/// Decodes and handles one request frame (size prefix removed) of a connection's session.
+pub async fn dispatch_in_session(
+    state: &Arc<BrokerState>,
+    session: &Arc<Session>,
+    frame: Bytes,
+) -> Result<Handled, DispatchError> {
+    if session.expects_raw_token() {
+        return sasl::raw_token(state, session, frame);
+    }
     let prefix = codec::peek_prefix(&frame)?;
     let api_key =
         ApiKey::try_from(prefix.api_key).map_err(|()| CodecError::UnknownApiKey(prefix.api_key))?;
@@ -128,6 +249,7 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             version,
             correlation_id: prefix.correlation_id,
             client_id: None,
+            session: Arc::clone(session),
         };
         return Ok(Handled {
             ctx,
@@ -140,12 +262,21 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
             version,
         });
     }
+    if !session.is_authenticated()
+        && !matches!(
+            api_key,
+            ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate
+        )
+    {
+        return Err(DispatchError::Unauthenticated { api: api_key });
+    }
     let (header, body) = codec::decode_header(api_key, frame)?;
     let ctx = RequestContext {
         api_key,
         version,
         correlation_id: header.correlation_id,
         client_id: header.client_id.as_ref().map(|c| c.as_str().to_string()),
+        session: Arc::clone(session),
     };
     let span = tracing::Span::current();
     span.record("correlation_id", ctx.correlation_id);
@@ -156,6 +287,26 @@ pub async fn dispatch(state: &Arc<BrokerState>, frame: Bytes) -> Result<Handled,
         ApiKey::ApiVersions => {
             let req: ApiVersionsRequest = decode(&ctx, body)?;
             Some(encode(&ctx, &api_versions::handle(&ctx, &req))?)
+        }
+        ApiKey::SaslHandshake => {
+            let req: SaslHandshakeRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &sasl::handshake(state, &ctx, req))?)
+        }
+        ApiKey::SaslAuthenticate => {
+            let req: SaslAuthenticateRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &sasl::authenticate(state, &ctx, req))?)
+        }
+        ApiKey::CreateAcls => {
+            let req: CreateAclsRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &acls::create(state, &ctx, req))?)
+        }
+        ApiKey::DescribeAcls => {
+            let req: DescribeAclsRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &acls::describe(state, &ctx, req))?)
+        }
+        ApiKey::DeleteAcls => {
+            let req: DeleteAclsRequest = decode(&ctx, body)?;
+            Some(encode(&ctx, &acls::delete(state, &ctx, req))?)
         }
         ApiKey::Metadata => {
             let req: MetadataRequest = decode(&ctx, body)?;
@@ -372,6 +523,11 @@ pub fn api_name(key: ApiKey) -> &'static str {
         ApiKey::ListTransactions => "ListTransactions",
         ApiKey::DescribeTransactions => "DescribeTransactions",
         ApiKey::WriteTxnMarkers => "WriteTxnMarkers",
+        ApiKey::SaslHandshake => "SaslHandshake",
+        ApiKey::SaslAuthenticate => "SaslAuthenticate",
+        ApiKey::CreateAcls => "CreateAcls",
+        ApiKey::DescribeAcls => "DescribeAcls",
+        ApiKey::DeleteAcls => "DeleteAcls",
         _ => "other",
     }
 }

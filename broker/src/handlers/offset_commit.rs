@@ -11,6 +11,7 @@ use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse};
 
 use super::RequestContext;
 use crate::group::{CommittedOffset, TopicPartition};
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Answers OffsetCommit.
@@ -26,9 +27,27 @@ pub async fn handle(
     // Partitions of unknown topics are refused; the rest go to the coordinator in one batch.
     let mut codes: Vec<Vec<i16>> = Vec::with_capacity(req.topics.len());
     let mut batch = Vec::new();
+    // Read on the group, then Read on each topic (Kafka's order).
+    let group_denied = !ctx.authorized(
+        state,
+        AclOperation::Read,
+        ResourceType::Group,
+        &req.group_id,
+    );
     for topic in &req.topics {
         let mut topic_codes = Vec::with_capacity(topic.partitions.len());
+        let denied = if group_denied {
+            Some(ResponseError::GroupAuthorizationFailed.code())
+        } else if !ctx.authorized(state, AclOperation::Read, ResourceType::Topic, &topic.name) {
+            Some(ResponseError::TopicAuthorizationFailed.code())
+        } else {
+            None
+        };
         for p in &topic.partitions {
+            if let Some(code) = denied {
+                topic_codes.push(code);
+                continue;
+            }
             if state
                 .partition(topic.name.as_str(), p.partition_index)
                 .is_none()
@@ -58,16 +77,20 @@ pub async fn handle(
         codes.push(topic_codes);
     }
     let batch_len = batch.len();
-    let mut results = state
-        .groups
-        .commit_offsets(
-            req.group_id.as_str(),
-            req.generation_id_or_member_epoch,
-            req.member_id.as_str(),
-            batch,
-        )
-        .await
-        .into_iter();
+    let results = if group_denied {
+        Vec::new()
+    } else {
+        state
+            .groups
+            .commit_offsets(
+                req.group_id.as_str(),
+                req.generation_id_or_member_epoch,
+                req.member_id.as_str(),
+                batch,
+            )
+            .await
+    };
+    let mut results = results.into_iter();
     tracing::debug!(group = %req.group_id.as_str(), partitions = batch_len, "offset commit");
     let topics = req
         .topics

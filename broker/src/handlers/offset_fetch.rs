@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
@@ -14,6 +15,7 @@ use kafka_protocol::protocol::StrBytes;
 use super::RequestContext;
 use crate::group::coordinator::FetchedOffset;
 use crate::group::TopicPartition;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Groups fetched offsets by topic, keeping the order in which topics first appear.
@@ -55,11 +57,39 @@ pub fn handle(
     req: OffsetFetchRequest,
 ) -> OffsetFetchResponse {
     let require_stable = ctx.version >= 7 && req.require_stable;
+    // Kafka: Describe on the group; topics without Describe are left out of "all topics"
+    // answers and get TOPIC_AUTHORIZATION_FAILED when named.
+    let group_described =
+        |group: &str| ctx.authorized(state, AclOperation::Describe, ResourceType::Group, group);
+    let authorized_topics = |topics: Vec<(String, Vec<FetchedOffset>)>, all: bool| {
+        topics
+            .into_iter()
+            .filter_map(|(topic, mut list)| {
+                if ctx.authorized(state, AclOperation::Describe, ResourceType::Topic, &topic) {
+                    return Some((topic, list));
+                }
+                if all {
+                    return None;
+                }
+                for f in &mut list {
+                    f.committed = None;
+                    f.error = ResponseError::TopicAuthorizationFailed.code();
+                }
+                Some((topic, list))
+            })
+            .collect::<Vec<_>>()
+    };
     if ctx.version >= 8 {
         let groups = req
             .groups
             .into_iter()
             .map(|g| {
+                if !group_described(g.group_id.as_str()) {
+                    return OffsetFetchResponseGroup::default()
+                        .with_group_id(g.group_id)
+                        .with_error_code(ResponseError::GroupAuthorizationFailed.code());
+                }
+                let all = g.topics.is_none();
                 let partitions = g.topics.map(|topics| {
                     requested(
                         topics
@@ -71,7 +101,7 @@ pub fn handle(
                     state
                         .groups
                         .fetch_offsets(g.group_id.as_str(), partitions, require_stable);
-                let topics = by_topic(fetched)
+                let topics = authorized_topics(by_topic(fetched), all)
                     .into_iter()
                     .map(|(topic, list)| {
                         let partitions = list
@@ -101,6 +131,11 @@ pub fn handle(
             .collect();
         return OffsetFetchResponse::default().with_groups(groups);
     }
+    if !group_described(req.group_id.as_str()) {
+        let code = ResponseError::GroupAuthorizationFailed.code();
+        return OffsetFetchResponse::default().with_error_code(code);
+    }
+    let all = req.topics.is_none();
     // v1 always names the partitions; v2+ may send null for "all committed partitions".
     let partitions = req.topics.map(|topics| {
         requested(
@@ -112,7 +147,7 @@ pub fn handle(
     let fetched = state
         .groups
         .fetch_offsets(req.group_id.as_str(), partitions, require_stable);
-    let topics = by_topic(fetched)
+    let topics = authorized_topics(by_topic(fetched), all)
         .into_iter()
         .map(|(topic, list)| {
             let partitions = list

@@ -14,6 +14,7 @@ use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::{BrokerState, TopicLookup};
 use crate::storage::{AppendError, AppendOutcome, Partition};
 use crate::txn::TxnProduceError;
@@ -32,18 +33,38 @@ pub async fn handle(
     req: ProduceRequest,
 ) -> ProduceResponse {
     let acks_ok = (-1..=1).contains(&req.acks);
+    // Kafka: a transactional produce needs Write on its transactional id, every topic Write.
+    let txn_id_denied = req.transactional_id.as_ref().is_some_and(|id| {
+        !ctx.authorized(
+            state,
+            AclOperation::Write,
+            ResourceType::TransactionalId,
+            id,
+        )
+    });
     let mut names: Vec<TopicName> = Vec::with_capacity(req.topic_data.len());
     let mut jobs = Vec::new();
     for (topic_no, topic) in req.topic_data.into_iter().enumerate() {
         let name = topic.name.0.as_str();
+        let denied = if txn_id_denied {
+            Some(ResponseError::TransactionalIdAuthorizationFailed)
+        } else if !ctx.authorized(state, AclOperation::Write, ResourceType::Topic, name) {
+            Some(ResponseError::TopicAuthorizationFailed)
+        } else {
+            None
+        };
         // The hot path: the topic exists, skip the (allocating) lookup.
-        let lookup = if state.partition(name, 0).is_some() {
+        let lookup = if denied.is_some() {
+            TopicLookup::Missing
+        } else if state.partition(name, 0).is_some() {
             TopicLookup::Exists(0)
         } else {
             state.lookup_or_create(name, true)
         };
         for p in topic.partition_data {
-            let target = if !acks_ok {
+            let target = if let Some(error) = denied {
+                Err((error, format!("not authorized to write to {name}")))
+            } else if !acks_ok {
                 Err((
                     ResponseError::InvalidRequiredAcks,
                     format!("acks must be 0, 1 or -1, got {}", req.acks),

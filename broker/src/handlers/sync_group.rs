@@ -6,6 +6,7 @@ use kafka_protocol::messages::{SyncGroupRequest, SyncGroupResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use super::RequestContext;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 
 /// Answers SyncGroup (followers wait for the leader's assignment).
@@ -14,6 +15,16 @@ pub async fn handle(
     ctx: &RequestContext,
     req: SyncGroupRequest,
 ) -> SyncGroupResponse {
+    if !ctx.authorized(
+        state,
+        AclOperation::Read,
+        ResourceType::Group,
+        &req.group_id,
+    ) {
+        return SyncGroupResponse::default().with_error_code(
+            kafka_protocol::error::ResponseError::GroupAuthorizationFailed.code(),
+        );
+    }
     let assignments = req
         .assignments
         .into_iter()

@@ -14,6 +14,7 @@ use kafka_protocol::messages::{TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use super::RequestContext;
 use crate::group::{CommittedOffset, TopicPartition};
 use crate::metrics;
+use crate::security::{AclOperation, ResourceType};
 use crate::state::BrokerState;
 use crate::txn::now_ms;
 
@@ -48,6 +49,44 @@ pub async fn handle(
     ctx: &RequestContext,
     req: TxnOffsetCommitRequest,
 ) -> TxnOffsetCommitResponse {
+    // Write on the transactional id, Read on the group, then Read on each topic.
+    if !ctx.authorized(
+        state,
+        AclOperation::Write,
+        ResourceType::TransactionalId,
+        &req.transactional_id,
+    ) {
+        let code = ResponseError::TransactionalIdAuthorizationFailed.code();
+        metrics::partition_error("TxnOffsetCommit", code);
+        return respond(&req, |_, _| code);
+    }
+    if !ctx.authorized(
+        state,
+        AclOperation::Read,
+        ResourceType::Group,
+        &req.group_id,
+    ) {
+        let code = ResponseError::GroupAuthorizationFailed.code();
+        metrics::partition_error("TxnOffsetCommit", code);
+        return respond(&req, |_, _| code);
+    }
+    let denied_topics: Vec<&str> = req
+        .topics
+        .iter()
+        .map(|t| t.name.0.as_str())
+        .filter(|t| !ctx.authorized(state, AclOperation::Read, ResourceType::Topic, t))
+        .collect();
+    if !denied_topics.is_empty() {
+        let code = ResponseError::TopicAuthorizationFailed.code();
+        metrics::partition_error("TxnOffsetCommit", code);
+        return respond(&req, |t, _| {
+            if denied_topics.contains(&t) {
+                code
+            } else {
+                ResponseError::OperationNotAttempted.code()
+            }
+        });
+    }
     let group = req.group_id.0.to_string();
     let pid = req.producer_id.0;
     // 1. The transaction coordinator: current epoch, group added with AddOffsetsToTxn.

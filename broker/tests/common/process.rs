@@ -44,6 +44,7 @@ pub enum Storage {
 pub struct BrokerProcess {
     child: Option<Child>,
     addr: SocketAddr,
+    listeners: Vec<(String, SocketAddr)>,
     storage: Storage,
     extra_args: Vec<String>,
     log_dir: tempfile::TempDir,
@@ -55,7 +56,7 @@ impl BrokerProcess {
     pub fn spawn(storage: Storage, extra_args: &[&str]) -> Result<Self> {
         let log_dir = tempfile::tempdir().context("log tempdir")?;
         let extra_args: Vec<String> = extra_args.iter().map(|s| s.to_string()).collect();
-        let (child, addr) = spawn_child(
+        let (child, addr, listeners) = spawn_child(
             &storage,
             &extra_args,
             "127.0.0.1:0",
@@ -64,6 +65,7 @@ impl BrokerProcess {
         Ok(Self {
             child: Some(child),
             addr,
+            listeners,
             storage,
             extra_args,
             log_dir,
@@ -74,6 +76,15 @@ impl BrokerProcess {
     /// The address the broker printed.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bound address of the listener named `name` (from the broker's
+    /// `listener NAME PROTOCOL on ADDR` lines).
+    pub fn listener_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.listeners
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, addr)| *addr)
     }
 
     /// `HOST:PORT` for `bootstrap.servers`.
@@ -144,9 +155,10 @@ impl BrokerProcess {
                 .path()
                 .join(format!("broker-{}.log", self.generation));
             match spawn_child(&self.storage, &self.extra_args, &listen, &log) {
-                Ok((child, addr)) => {
+                Ok((child, addr, listeners)) => {
                     self.child = Some(child);
                     self.addr = addr;
+                    self.listeners = listeners;
                     return Ok(());
                 }
                 Err(e) if Instant::now() < deadline => {
@@ -166,7 +178,9 @@ impl BrokerProcess {
             .log_dir
             .path()
             .join(format!("broker-{}.log", self.generation));
-        let (child, addr) = spawn_child(&self.storage, &self.extra_args, "127.0.0.1:0", &log)?;
+        let (child, addr, listeners) =
+            spawn_child(&self.storage, &self.extra_args, "127.0.0.1:0", &log)?;
+        self.listeners = listeners;
         self.child = Some(child);
         self.addr = addr;
         Ok(())
@@ -212,7 +226,7 @@ fn spawn_child(
     extra: &[String],
     listen: &str,
     log: &Path,
-) -> Result<(Child, SocketAddr)> {
+) -> Result<(Child, SocketAddr, Vec<(String, SocketAddr)>)> {
     let mut cmd = Command::new(broker_binary());
     cmd.arg("--listen").arg(listen);
     match storage {
@@ -253,16 +267,26 @@ fn spawn_child(
         }
     });
     let deadline = Instant::now() + STARTUP_TIMEOUT;
+    // `listener NAME PROTOCOL on ADDR` lines come before `listening on`.
+    let mut listeners = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left.min(Duration::from_millis(100))) {
             Ok(line) => {
+                if let Some(rest) = line.strip_prefix("listener ") {
+                    let parts: Vec<&str> = rest.split_whitespace().collect();
+                    if let [name, _protocol, "on", addr] = parts[..] {
+                        let addr: SocketAddr =
+                            addr.parse().with_context(|| format!("parse {line:?}"))?;
+                        listeners.push((name.to_string(), addr));
+                    }
+                }
                 if let Some(rest) = line.strip_prefix("listening on ") {
                     let addr: SocketAddr = rest
                         .trim()
                         .parse()
                         .with_context(|| format!("parse {line:?}"))?;
-                    return Ok((child, addr));
+                    return Ok((child, addr, listeners));
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}

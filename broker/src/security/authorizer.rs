@@ -1,0 +1,332 @@
+//! The ACL authorizer: Kafka's `AclAuthorizer` rules over the bindings of `--acl-file` and of
+//! CreateAcls/DeleteAcls, persisted next to the durable log.
+//!
+//! Rules: super users may do everything; otherwise a request is allowed when an ALLOW
+//! binding matches (principal or `User:*`, host or `*`, the operation or one implying it,
+//! the resource by Literal name, Literal `*` or Prefixed) and no DENY binding matches
+//! (`All` and the operation itself). No matching binding: denied.
+//!
+//! In durable mode the bindings live in `<data-dir>/acls`: a header line
+//! `onceflow-acls v1 crc32c=XXXXXXXX` (CRC32C of the rest) followed by ACL-file lines,
+//! replaced atomically (temporary file, fsync, rename, fsync of the directory) on every
+//! change. A file whose checksum does not match refuses the start.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use parking_lot::RwLock;
+
+use super::acl::{parse_acl_lines, AclBinding, AclFilter, AclOperation, Permission, ResourceType};
+use crate::error::{BrokerError, Result};
+
+/// File name of the persisted bindings in the data directory.
+pub const ACLS_FILE: &str = "acls";
+
+const HEADER_PREFIX: &str = "onceflow-acls v1 crc32c=";
+
+/// Decides requests and stores the bindings.
+#[derive(Debug)]
+pub struct Authorizer {
+    super_users: BTreeSet<String>,
+    bindings: RwLock<BTreeSet<AclBinding>>,
+    store: Option<PathBuf>,
+}
+
+impl Authorizer {
+    /// Opens the authorizer: the persisted bindings of `data_dir` (if any), plus those of
+    /// `acl_file`. A corrupt persisted file or a bad ACL file is a start-up error.
+    pub fn open(
+        super_users: &[String],
+        acl_file: Option<&Path>,
+        data_dir: Option<&Path>,
+    ) -> Result<Self> {
+        for user in super_users {
+            if !user.contains(':') {
+                return Err(BrokerError::Config(format!(
+                    "super user {user:?} is not a principal like User:admin"
+                )));
+            }
+        }
+        let mut bindings = BTreeSet::new();
+        let store = data_dir.map(|d| d.join(ACLS_FILE));
+        if let Some(path) = &store {
+            bindings.extend(read_store(path)?);
+        }
+        let mut from_file = 0;
+        if let Some(path) = acl_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| BrokerError::Config(format!("acl file {}: {e}", path.display())))?;
+            let parsed = parse_acl_lines(&text)
+                .map_err(|e| BrokerError::Config(format!("acl file {}: {e}", path.display())))?;
+            from_file = parsed.len();
+            bindings.extend(parsed);
+        }
+        let authorizer = Authorizer {
+            super_users: super_users.iter().cloned().collect(),
+            bindings: RwLock::new(bindings),
+            store,
+        };
+        if from_file > 0 {
+            authorizer.persist(&authorizer.bindings.read())?;
+        }
+        tracing::info!(
+            bindings = authorizer.bindings.read().len(),
+            from_acl_file = from_file,
+            super_users = authorizer.super_users.len(),
+            "authorizer enabled"
+        );
+        Ok(authorizer)
+    }
+
+    /// Whether `principal` connected from `host` may perform `operation` on the resource.
+    pub fn authorize(
+        &self,
+        principal: &str,
+        host: IpAddr,
+        operation: AclOperation,
+        resource_type: ResourceType,
+        name: &str,
+    ) -> bool {
+        if self.super_users.contains(principal) {
+            return true;
+        }
+        let host = host.to_string();
+        let bindings = self.bindings.read();
+        let applicable = bindings.iter().filter(|b| {
+            b.resource_type == resource_type
+                && b.covers(name)
+                && (b.principal == principal || b.principal == "User:*")
+                && (b.host == "*" || b.host == host)
+        });
+        let mut allowed = false;
+        for b in applicable {
+            match b.permission {
+                Permission::Deny
+                    if b.operation == AclOperation::All || b.operation == operation =>
+                {
+                    return false
+                }
+                Permission::Allow if b.operation.allows(operation) => allowed = true,
+                _ => {}
+            }
+        }
+        allowed
+    }
+
+    /// Kafka's `authorizeByResourceType`: whether `principal` may perform `operation` on
+    /// at least one resource of the type (some ALLOW binding not overridden by a DENY that
+    /// covers every name it allows).
+    pub fn authorize_any(
+        &self,
+        principal: &str,
+        host: IpAddr,
+        operation: AclOperation,
+        resource_type: ResourceType,
+    ) -> bool {
+        if self.super_users.contains(principal) {
+            return true;
+        }
+        let host = host.to_string();
+        let bindings = self.bindings.read();
+        let applies = |b: &&AclBinding| {
+            b.resource_type == resource_type
+                && (b.principal == principal || b.principal == "User:*")
+                && (b.host == "*" || b.host == host)
+        };
+        let denies: Vec<&AclBinding> = bindings
+            .iter()
+            .filter(applies)
+            .filter(|b| {
+                b.permission == Permission::Deny
+                    && (b.operation == AclOperation::All || b.operation == operation)
+            })
+            .collect();
+        bindings
+            .iter()
+            .filter(applies)
+            .filter(|b| b.permission == Permission::Allow && b.operation.allows(operation))
+            .any(|allow| {
+                !denies.iter().any(|deny| match deny.pattern {
+                    super::acl::PatternType::Literal => {
+                        deny.name == "*"
+                            || (allow.pattern == super::acl::PatternType::Literal
+                                && deny.name == allow.name)
+                    }
+                    _ => allow.name.starts_with(&deny.name) && allow.name != "*",
+                })
+            })
+    }
+
+    /// Kafka's authorized-operations bitfield of the resource for the principal.
+    pub fn authorized_operations(
+        &self,
+        principal: &str,
+        host: IpAddr,
+        resource_type: ResourceType,
+        name: &str,
+    ) -> i32 {
+        AclOperation::supported_by(resource_type)
+            .iter()
+            .filter(|op| self.authorize(principal, host, **op, resource_type, name))
+            .fold(0, |bits, op| bits | (1 << op.code()))
+    }
+
+    /// Adds bindings (already validated) and persists them.
+    pub fn create(&self, new: &[AclBinding]) -> Result<()> {
+        let mut bindings = self.bindings.write();
+        let mut next = bindings.clone();
+        next.extend(new.iter().cloned());
+        self.persist(&next)?;
+        *bindings = next;
+        Ok(())
+    }
+
+    /// The bindings matching `filter`.
+    pub fn describe(&self, filter: &AclFilter) -> Vec<AclBinding> {
+        self.bindings
+            .read()
+            .iter()
+            .filter(|b| filter.matches(b))
+            .cloned()
+            .collect()
+    }
+
+    /// Removes the bindings matching each filter; returns them per filter.
+    pub fn delete(&self, filters: &[AclFilter]) -> Result<Vec<Vec<AclBinding>>> {
+        let mut bindings = self.bindings.write();
+        let mut next = bindings.clone();
+        let mut out = Vec::with_capacity(filters.len());
+        for filter in filters {
+            let matched: Vec<AclBinding> = bindings
+                .iter()
+                .filter(|b| filter.matches(b))
+                .cloned()
+                .collect();
+            for b in &matched {
+                next.remove(b);
+            }
+            out.push(matched);
+        }
+        self.persist(&next)?;
+        *bindings = next;
+        Ok(out)
+    }
+
+    fn persist(&self, bindings: &BTreeSet<AclBinding>) -> Result<()> {
+        let Some(path) = &self.store else {
+            return Ok(());
+        };
+        let body: String = bindings.iter().map(|b| b.to_line() + "\n").collect();
+        let text = format!(
+            "{HEADER_PREFIX}{:08x}\n{body}",
+            crc32c::crc32c(body.as_bytes())
+        );
+        write_atomically(path, text.as_bytes()).map_err(|source| BrokerError::Io {
+            context: format!("writing ACLs to {}", path.display()),
+            source,
+        })
+    }
+}
+
+fn read_store(path: &Path) -> Result<Vec<AclBinding>> {
+    let text = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(BrokerError::Io {
+                context: format!("reading ACLs from {}", path.display()),
+                source,
+            })
+        }
+    };
+    let corrupt = |why: &str| {
+        BrokerError::Config(format!(
+            "ACL store {} is corrupt ({why}); restore it from a backup or remove it and recreate the ACLs",
+            path.display()
+        ))
+    };
+    let text = String::from_utf8(text).map_err(|_| corrupt("not UTF-8"))?;
+    let (header, body) = text.split_once('\n').ok_or_else(|| corrupt("no header"))?;
+    let crc = header
+        .strip_prefix(HEADER_PREFIX)
+        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+        .ok_or_else(|| corrupt("bad header"))?;
+    if crc32c::crc32c(body.as_bytes()) != crc {
+        return Err(corrupt("checksum mismatch"));
+    }
+    parse_acl_lines(body).map_err(|e| corrupt(&e))
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    const HOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    fn authorizer(lines: &str) -> Authorizer {
+        let a = Authorizer::open(&["User:admin".into()], None, None).unwrap();
+        a.create(&parse_acl_lines(lines).unwrap()).unwrap();
+        a
+    }
+
+    #[test]
+    fn kafka_rules() {
+        let a = authorizer(
+            "User:alice * Read Allow Topic Prefixed ord\n\
+             User:alice * Write Allow Topic Literal orders\n\
+             User:alice * All Deny Topic Literal orders-secret\n\
+             User:* * Describe Allow Group Literal *\n",
+        );
+        use AclOperation::*;
+        use ResourceType::*;
+        assert!(a.authorize("User:alice", HOST, Read, Topic, "orders"));
+        assert!(a.authorize("User:alice", HOST, Describe, Topic, "orders-x"));
+        assert!(!a.authorize("User:alice", HOST, Read, Topic, "orders-secret"));
+        assert!(!a.authorize("User:alice", HOST, Write, Topic, "orders-x"));
+        assert!(!a.authorize("User:bob", HOST, Read, Topic, "orders"));
+        assert!(a.authorize("User:bob", HOST, Describe, Group, "g"));
+        assert!(!a.authorize("User:bob", HOST, Read, Group, "g"));
+        assert!(a.authorize("User:admin", HOST, Alter, Cluster, "kafka-cluster"));
+        assert!(a.authorize_any("User:alice", HOST, Write, Topic));
+        assert!(!a.authorize_any("User:bob", HOST, Write, Topic));
+        let bits = a.authorized_operations("User:alice", HOST, Topic, "orders");
+        assert_eq!(bits, (1 << 3) | (1 << 4) | (1 << 8));
+    }
+
+    #[test]
+    fn persisted_store_round_trip_and_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Authorizer::open(&[], None, Some(dir.path())).unwrap();
+        a.create(&parse_acl_lines("User:a * Read Allow Topic Literal t").unwrap())
+            .unwrap();
+        drop(a);
+        let a = Authorizer::open(&[], None, Some(dir.path())).unwrap();
+        assert!(a.authorize("User:a", HOST, AclOperation::Read, ResourceType::Topic, "t"));
+        let path = dir.path().join(ACLS_FILE);
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text = text.replace("User:a", "User:b");
+        std::fs::write(&path, text).unwrap();
+        let err = Authorizer::open(&[], None, Some(dir.path())).unwrap_err();
+        assert!(err.to_string().contains("checksum"), "{err}");
+    }
+}
