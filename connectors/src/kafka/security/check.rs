@@ -254,6 +254,9 @@ pub async fn check(
     {
         if min <= 1 && max >= 1 {
             match describe_acls(&mut c).await? {
+                // no binding at all: an authorizer without ACLs refuses everyone but super
+                // users, a broker without one allows everything; only probes tell which
+                Ok(a) if a.is_empty() => acl_refused = Some(codes::NONE),
                 Ok(a) => acls = Some(a),
                 Err(codes::SECURITY_DISABLED) => {
                     tracing::info!(principal = %p, "start-up permission check: the broker has no authorizer; every permission is granted");
@@ -321,6 +324,7 @@ pub async fn check(
                 (Some(_), Some(codes::CLUSTER_AUTHORIZATION_FAILED)) => {
                     "DescribeAcls needs Describe on the Cluster".to_string()
                 }
+                (Some(_), Some(codes::NONE)) => "DescribeAcls shows no ACL at all".to_string(),
                 (Some(_), Some(code)) => format!("DescribeAcls failed with error code {code}"),
                 (Some(_), None) => "the broker does not support DescribeAcls".to_string(),
             };
@@ -338,7 +342,7 @@ pub async fn check(
     metrics::gauge!(m::PERMISSIONS_MISSING).set(missing.len() as f64);
     if missing.is_empty() {
         for (need, why) in &unverified {
-            tracing::warn!(operation = %need.action.operation, resource_type = %need.action.resource_type, resource = %need.action.name, reason = %why, "permission not verified at start");
+            tracing::info!(operation = %need.action.operation, resource_type = %need.action.resource_type, resource = %need.action.name, reason = %why, "permission not verified at start");
         }
         tracing::info!(
             method = method.label(),
