@@ -168,7 +168,7 @@ fn refused_at_start(test: &str, mode: &str, describe_cluster: bool) {
     );
     let mut job = spawn_job(broker.bootstrap(), &args, "refused");
     job.expect_failure(STOP_TIMEOUT, "the permission check refuses the start");
-    let stderr = job.stderr_tail(60);
+    let stderr = job.stderr_tail(usize::MAX);
     let named = format!("Write on TransactionalId prefix {}", args.prefix);
     let fix = format!(
         "--allow-principal User:{USER} --operation Write --transactional-id {} --resource-pattern-type prefixed",
