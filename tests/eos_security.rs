@@ -289,11 +289,6 @@ fn sasl_ssl_two_phase_commit_is_exactly_once_through_sigkills() {
             job.describe()
         );
     }
-    let recovered = logs_containing(dir.path(), "recovery committed a pre-committed transaction");
-    assert!(
-        !recovered.is_empty(),
-        "no restart committed a pre-committed transaction over SASL_SSL"
-    );
     producer.join().expect("input producer");
     finish_exact(
         test,
@@ -306,6 +301,11 @@ fn sasl_ssl_two_phase_commit_is_exactly_once_through_sigkills() {
         3,
     );
 
+    let recovered = logs_containing(dir.path(), "recovery committed a pre-committed transaction");
+    assert!(
+        !recovered.is_empty(),
+        "no restart committed a pre-committed transaction over SASL_SSL"
+    );
     let leaked = logs_containing(dir.path(), PASSWORD);
     assert!(leaked.is_empty(), "the password is in {leaked:?}");
     let debug_lines = logs_containing(dir.path(), "DEBUG");
