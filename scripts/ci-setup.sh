@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs the external clients the broker conformance tests use, if missing:
+# Installs what the build and the external-client tests need, if missing:
+#   - libssl-dev and pkg-config: librdkafka is built with TLS and SCRAM (rdkafka's `ssl`
+#     feature links OpenSSL)
 #   - kcat (Debian package) for broker/tests/kcat.rs
 #   - a Python venv at .venv with kafka-python (PyPI) for broker/tests/python_clients.rs
 # Idempotent: a second run changes nothing and says so. Prints what it did.
@@ -25,6 +27,14 @@ apt_install() {
     echo "ci-setup: apt-get install $*"
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" >/dev/null
 }
+
+# OpenSSL headers for librdkafka's TLS and SASL SCRAM support.
+if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; then
+    echo "ci-setup: OpenSSL development files already installed: $(pkg-config --modversion openssl)"
+else
+    apt_install libssl-dev pkg-config
+    echo "ci-setup: installed libssl-dev and pkg-config"
+fi
 
 # kcat (the Debian package; older releases named the binary kafkacat).
 if command -v kcat >/dev/null 2>&1; then

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use onceflow_connectors::kafka::security::ClientSecurity;
 use onceflow_connectors::kafka::{committer, KafkaPending, KafkaSink, KafkaSinkConfig, SinkRecord};
 use onceflow_runtime::{Sink, SinkFactory};
 use onceflow_testkit::clients::read_committed_values;
@@ -118,10 +119,16 @@ async fn recovery_of_an_aborted_transaction_fails_loudly() {
     let t = tp.txn.clone().expect("txn");
     drop(w);
     // the broker aborts it (as a transaction timeout would)
-    let code =
-        committer::end_txn_once(&brokers, &t.transactional_id, t.producer_id, t.epoch, false)
-            .await
-            .expect("EndTxn abort");
+    let code = committer::end_txn_once(
+        &brokers,
+        &ClientSecurity::plaintext(),
+        &t.transactional_id,
+        t.producer_id,
+        t.epoch,
+        false,
+    )
+    .await
+    .expect("EndTxn abort");
     assert_eq!(code, 0);
     let factory = sink(&brokers, "out3", "t3");
     let mut r = factory.create(&subtask_info(0, 1, 7)).expect("create");
@@ -155,15 +162,17 @@ async fn recovery_committer_tries_every_bootstrap_server() {
     // port 1 on loopback refuses connections: a dead first server
     let dead = "127.0.0.1:1";
     let with_dead_first = format!("{dead},{brokers}");
-    let coordinator = committer::find_txn_coordinator(&with_dead_first, "t-any")
-        .await
-        .expect("the second server answers");
+    let coordinator =
+        committer::find_txn_coordinator(&with_dead_first, &ClientSecurity::plaintext(), "t-any")
+            .await
+            .expect("the second server answers");
     assert!(coordinator.is_ok(), "{coordinator:?}");
-    let max = committer::broker_max_transaction_timeout(&with_dead_first)
-        .await
-        .expect("the second server answers");
+    let max =
+        committer::broker_max_transaction_timeout(&with_dead_first, &ClientSecurity::plaintext())
+            .await
+            .expect("the second server answers");
     assert!(max.is_some());
-    let err = committer::broker_max_transaction_timeout(dead)
+    let err = committer::broker_max_transaction_timeout(dead, &ClientSecurity::plaintext())
         .await
         .expect_err("no server reachable");
     assert!(err.to_string().contains(dead), "{err}");

@@ -1,7 +1,8 @@
 //! A small raw Kafka client on the kafka-protocol crate over tokio: FindCoordinator + EndTxn,
 //! so recovery can finish a pre-committed transaction of a crashed producer with its
 //! (transactional id, producer id, epoch), which librdkafka cannot do; and DescribeConfigs
-//! to read the broker's `transaction.max.timeout.ms`.
+//! to read the broker's `transaction.max.timeout.ms`. Connections use TLS and SASL as the
+//! job's client properties say ([`ClientSecurity`]).
 
 use std::time::{Duration, Instant};
 
@@ -12,9 +13,10 @@ use kafka_protocol::messages::{
     ResponseHeader, TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::security::{sasl, tls, ClientSecurity};
 use super::{KafkaError, Result};
 
 const IO_TIMEOUT: Duration = Duration::from_secs(15);
@@ -40,25 +42,58 @@ pub mod codes {
     pub const CONCURRENT_TRANSACTIONS: i16 = 51;
     /// A newer producer with the same transactional id exists.
     pub const PRODUCER_FENCED: i16 = 90;
+    /// The principal may not use the transactional id (Write, or Describe for
+    /// FindCoordinator).
+    pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
 }
+
+/// A byte stream to a broker: TCP, or TLS over TCP.
+trait Connection: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Connection for T {}
 
 /// One connection, one request at a time.
 pub struct RawClient {
-    stream: TcpStream,
+    stream: Box<dyn Connection>,
     correlation: i32,
+    local_ip: Option<std::net::IpAddr>,
 }
 
 impl RawClient {
-    /// Connects to `addr` (`HOST:PORT`).
-    pub async fn connect(addr: &str) -> Result<RawClient> {
-        let stream = tokio::time::timeout(IO_TIMEOUT, TcpStream::connect(addr))
+    /// Connects to `addr` (`HOST:PORT`), with TLS and SASL as `security` says.
+    pub async fn connect(addr: &str, security: &ClientSecurity) -> Result<RawClient> {
+        let tcp = tokio::time::timeout(IO_TIMEOUT, TcpStream::connect(addr))
             .await
             .map_err(|_| KafkaError::Protocol(format!("connect to {addr} timed out")))?
             .map_err(|e| KafkaError::Protocol(format!("connect to {addr}: {e}")))?;
-        Ok(RawClient {
+        let local_ip = tcp.local_addr().ok().map(|a| a.ip());
+        let stream: Box<dyn Connection> = match &security.tls {
+            None => Box::new(tcp),
+            Some(config) => {
+                let connector = tokio_rustls::TlsConnector::from(config.clone());
+                let name = tls::server_name(addr)?;
+                let s = tokio::time::timeout(IO_TIMEOUT, connector.connect(name, tcp))
+                    .await
+                    .map_err(|_| {
+                        KafkaError::Protocol(format!("TLS handshake with {addr} timed out"))
+                    })?
+                    .map_err(|e| KafkaError::Protocol(format!("TLS handshake with {addr}: {e}")))?;
+                Box::new(s)
+            }
+        };
+        let mut client = RawClient {
             stream,
             correlation: 0,
-        })
+            local_ip,
+        };
+        if let Some(creds) = &security.sasl {
+            sasl::authenticate(&mut client, creds).await?;
+        }
+        Ok(client)
+    }
+
+    /// This end's IP address, as the broker sees it without NAT (ACLs may name hosts).
+    pub fn local_ip(&self) -> Option<std::net::IpAddr> {
+        self.local_ip
     }
 
     /// Sends `req` at `version` and decodes the answer.
@@ -116,14 +151,14 @@ impl RawClient {
 /// Connects to the first reachable server of the comma-separated `bootstrap` list, in
 /// order, as Kafka clients do: one dead broker of several must not stop a recovery commit.
 /// The error names every server tried.
-pub async fn connect_any(bootstrap: &str) -> Result<RawClient> {
+pub async fn connect_any(bootstrap: &str, security: &ClientSecurity) -> Result<RawClient> {
     let mut failures = Vec::new();
     for addr in bootstrap
         .split(',')
         .map(str::trim)
         .filter(|a| !a.is_empty())
     {
-        match RawClient::connect(addr).await {
+        match RawClient::connect(addr, security).await {
             Ok(c) => {
                 if !failures.is_empty() {
                     tracing::warn!(server = addr, skipped = ?failures, "bootstrap servers unreachable; using the next one");
@@ -143,9 +178,10 @@ pub async fn connect_any(bootstrap: &str) -> Result<RawClient> {
 /// Finds the transaction coordinator of `txn_id`: `HOST:PORT`, or the error code.
 pub async fn find_txn_coordinator(
     bootstrap: &str,
+    security: &ClientSecurity,
     txn_id: &str,
 ) -> Result<std::result::Result<String, i16>> {
-    let mut c = connect_any(bootstrap).await?;
+    let mut c = connect_any(bootstrap, security).await?;
     let fc = c
         .request(
             &FindCoordinatorRequest::default()
@@ -163,16 +199,17 @@ pub async fn find_txn_coordinator(
 /// Sends EndTxn once (after FindCoordinator) and returns the error code.
 pub async fn end_txn_once(
     bootstrap: &str,
+    security: &ClientSecurity,
     txn_id: &str,
     producer_id: i64,
     epoch: i16,
     commit: bool,
 ) -> Result<i16> {
-    let addr = match find_txn_coordinator(bootstrap, txn_id).await? {
+    let addr = match find_txn_coordinator(bootstrap, security, txn_id).await? {
         Ok(a) => a,
         Err(code) => return Ok(code),
     };
-    let mut coord = RawClient::connect(&addr).await?;
+    let mut coord = RawClient::connect(&addr, security).await?;
     let r = coord
         .request(
             &EndTxnRequest::default()
@@ -200,6 +237,7 @@ pub enum CommitOutcome {
 /// coordinator and concurrency errors (and connection failures) until `patience` runs out.
 pub async fn commit_prepared(
     bootstrap: &str,
+    security: &ClientSecurity,
     txn_id: &str,
     producer_id: i64,
     epoch: i16,
@@ -208,9 +246,16 @@ pub async fn commit_prepared(
     let deadline = Instant::now() + patience;
     let mut backoff = Duration::from_millis(20);
     loop {
-        let attempt = end_txn_once(bootstrap, txn_id, producer_id, epoch, true).await;
+        let attempt = end_txn_once(bootstrap, security, txn_id, producer_id, epoch, true).await;
         let retry_reason = match attempt {
             Ok(codes::NONE) => return Ok(CommitOutcome::Committed),
+            // not a lost transaction: it stays prepared until its timeout, and a restart with
+            // the permission commits it
+            Ok(codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED) => {
+                return Err(KafkaError::Config(format!(
+                    "EndTxn(commit) for {txn_id} was refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the principal needs Write on TransactionalId {txn_id} (a prefixed ACL on the job's --transactional-id-prefix); the transaction stays prepared until its timeout"
+                )))
+            }
             Ok(
                 c @ (codes::COORDINATOR_LOAD_IN_PROGRESS
                 | codes::COORDINATOR_NOT_AVAILABLE
@@ -233,8 +278,11 @@ pub async fn commit_prepared(
 
 /// The broker's `transaction.max.timeout.ms` from DescribeConfigs, `None` if the broker does
 /// not report it.
-pub async fn broker_max_transaction_timeout(bootstrap: &str) -> Result<Option<Duration>> {
-    let mut c = connect_any(bootstrap).await?;
+pub async fn broker_max_transaction_timeout(
+    bootstrap: &str,
+    security: &ClientSecurity,
+) -> Result<Option<Duration>> {
+    let mut c = connect_any(bootstrap, security).await?;
     let key = "transaction.max.timeout.ms";
     let mut resources = Vec::new();
     for node in ["0", "1"] {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::security::{ClientSecurity, Unsupported};
 use super::{ClientProperties, KafkaError, Result};
 
 /// Delivery guarantee of a [`super::KafkaSink`].
@@ -161,17 +162,21 @@ impl KafkaSinkConfig {
 }
 
 /// Two-phase-commit recovery commits the pre-committed transactions of a crashed run through
-/// onceflow's own Kafka client ([`super::committer`]), which speaks PLAINTEXT only: on a
-/// cluster that needs TLS or SASL that mode is refused at start, with the way out.
+/// onceflow's own Kafka client ([`super::committer`]), which speaks TLS and SASL PLAIN and
+/// SCRAM but not every combination librdkafka does (GSSAPI, OAUTHBEARER, PKCS#12 keystores,
+/// encrypted keys): with those, that mode is refused at start, with the reason and the way
+/// out. The certificate, key and CA files are read here too, so a wrong path fails at start.
 pub fn check_mode_security(mode: DeliveryMode, properties: &ClientProperties) -> Result<()> {
-    if mode == DeliveryMode::TwoPhaseCommit && !properties.is_plaintext() {
-        return Err(KafkaError::Config(format!(
-            "--mode two-phase-commit cannot run with security.protocol={}: its recovery commits \
-             the pre-committed transactions of a crashed run through onceflow's own Kafka \
-             client, which speaks PLAINTEXT only; use --mode transactional-offsets on a \
-             secured cluster",
-            properties.security_protocol()
-        )));
+    if mode == DeliveryMode::TwoPhaseCommit {
+        if let Some(Unsupported(why)) = ClientSecurity::unsupported(properties) {
+            return Err(KafkaError::Config(format!(
+                "--mode two-phase-commit cannot run with these Kafka properties: its recovery \
+                 commits the pre-committed transactions of a crashed run through onceflow's own \
+                 Kafka client, which cannot connect with them: {why}; use --mode \
+                 transactional-offsets with them instead"
+            )));
+        }
+        ClientSecurity::from_properties(properties, "--mode two-phase-commit recovery")?;
     }
     Ok(())
 }

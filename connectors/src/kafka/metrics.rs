@@ -34,3 +34,8 @@ pub const INPUT_DELETED_BEFORE_READ: &str = "onceflow_kafka_input_deleted_before
 /// Counter: checkpoints not sealed because their transactions may have timed out (the job
 /// restarts from the last sealed one).
 pub const SEALS_REFUSED: &str = "onceflow_kafka_seals_refused_total";
+/// Counter: start-up permission checks, label `outcome` (`passed`, `failed`, `skipped`) and
+/// `method` (`describe-acls`, `probes`, `no-authorizer`, `none`).
+pub const PERMISSION_CHECKS: &str = "onceflow_kafka_permission_checks_total";
+/// Gauge: permissions the last start-up check found missing.
+pub const PERMISSIONS_MISSING: &str = "onceflow_kafka_permissions_missing";

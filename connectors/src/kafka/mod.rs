@@ -10,6 +10,7 @@ pub mod json;
 pub mod metrics;
 pub mod registry;
 pub mod scale;
+pub mod security;
 pub mod sink;
 pub mod source;
 

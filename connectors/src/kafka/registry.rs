@@ -93,7 +93,7 @@ impl PrefixClaim {
                 }
             }
         }
-        ensure_registry_topic(brokers, properties)?;
+        ensure_registry_topic(&consumer, brokers, properties)?;
         consumer
             .subscribe(&[REGISTRY_TOPIC])
             .map_err(|e| KafkaError::client("joining the prefix registry group", e))?;
@@ -130,7 +130,21 @@ impl Drop for PrefixClaim {
     }
 }
 
-fn ensure_registry_topic(brokers: &str, properties: &ClientProperties) -> Result<()> {
+/// Creates the registry topic unless it exists: on a cluster with ACLs a job may Read it
+/// without the right to Create it (CreateTopics answers TOPIC_AUTHORIZATION_FAILED then, even
+/// for an existing topic).
+fn ensure_registry_topic(
+    consumer: &BaseConsumer,
+    brokers: &str,
+    properties: &ClientProperties,
+) -> Result<()> {
+    if let Ok(md) = consumer.fetch_metadata(Some(REGISTRY_TOPIC), CALL_TIMEOUT) {
+        if md.topics().iter().any(|t| {
+            t.name() == REGISTRY_TOPIC && t.error().is_none() && !t.partitions().is_empty()
+        }) {
+            return Ok(());
+        }
+    }
     let admin: AdminClient<DefaultClientContext> = properties
         .client_config(brokers)
         .create()
@@ -145,7 +159,7 @@ fn ensure_registry_topic(brokers: &str, properties: &ClientProperties) -> Result
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((t, code)) => {
                 return Err(KafkaError::Protocol(format!(
-                    "cannot create topic {t}: {code}"
+                    "cannot create topic {t}: {code} (create it with one partition, or allow this job's principal Create on it)"
                 )))
             }
         }

@@ -286,6 +286,9 @@ pub struct JobArgs {
     pub extra_args: Vec<String>,
     /// Directory for the job's stderr logs.
     pub log_dir: PathBuf,
+    /// `--brokers` of the job when it differs from the harness's bootstrap (e.g. a secured
+    /// listener while the harness reads and writes over PLAINTEXT).
+    pub brokers: Option<String>,
 }
 
 impl JobArgs {
@@ -304,6 +307,7 @@ impl JobArgs {
             env: Vec::new(),
             extra_args: Vec::new(),
             log_dir: dir.to_path_buf(),
+            brokers: None,
         }
     }
 
@@ -316,7 +320,7 @@ impl JobArgs {
 /// Spawns the example job against `bootstrap`; `run` names its stderr log.
 pub fn spawn_job(bootstrap: &str, args: &JobArgs, run: &str) -> Proc {
     let mut cmd = Command::new(&bins().job);
-    cmd.args(["--brokers", bootstrap])
+    cmd.args(["--brokers", args.brokers.as_deref().unwrap_or(bootstrap)])
         .args(["--input", &args.input])
         .args(["--output", &args.output])
         .args(["--group", &args.group])

@@ -193,12 +193,26 @@ mod tests {
         assert!(refused(&["job", "--restore", "latest"]));
         assert!(refused(&["job", "--kafka-property", "group.id=other"]));
         assert!(refused(&["job", "--kafka-property", "no-equals"]));
+        // two-phase-commit recovery cannot speak GSSAPI (librdkafka's default mechanism)
         assert!(refused(&[
             "job",
             "--brokers",
             "h:1",
             "--kafka-property",
             "security.protocol=SASL_SSL"
+        ]));
+        assert!(!refused(&[
+            "job",
+            "--brokers",
+            "h:1",
+            "--kafka-property",
+            "security.protocol=SASL_PLAINTEXT",
+            "--kafka-property",
+            "sasl.mechanism=SCRAM-SHA-256",
+            "--kafka-property",
+            "sasl.username=u",
+            "--kafka-property",
+            "sasl.password=p"
         ]));
         assert!(refused(&[
             "job",

@@ -15,7 +15,8 @@
 //! [`KafkaJob::run`] does, in this order: flag validation (the transaction timeout against the
 //! checkpoint interval, the recovery allowance and the broker's maximum), the metrics
 //! endpoint, the embedded broker when no `--brokers` is given, the instance lock on the
-//! checkpoint directory, the prefix claim, the fencing of older instances, the wait for an
+//! checkpoint directory, the permission check (every permission the job needs, reported in
+//! one message), the prefix claim, the fencing of older instances, the wait for an
 //! older instance on the same directory, the choice of the checkpoint to restore (the group's
 //! committed offsets in the exactly-once modes), and the wiring of the source and the sinks
 //! with one checkpoint interval. Two-phase commit is always sealed (`CheckpointSeal`), so
@@ -33,6 +34,7 @@ mod exit;
 mod failpoint;
 mod instance;
 mod outputs;
+mod permissions;
 mod startup;
 mod watcher;
 

@@ -1,5 +1,5 @@
 //! The start-up protocol of a Kafka job, in order (docs/KAFKA.md, "Taking over a running
-//! instance"): instance lock, the broker's maximum transaction timeout, the prefix claim,
+//! instance"): instance lock, the permission check, the broker's maximum transaction timeout, the prefix claim,
 //! fencing of every older instance, the wait for an older instance on this directory, and the
 //! choice of the checkpoint to restore from the group's committed offsets.
 
@@ -11,7 +11,8 @@ use onceflow_runtime::checkpoint::{CheckpointStorage, LocalDirStorage};
 use onceflow_runtime::RestoreMode;
 
 use super::args::Settings;
-use super::{instance, say};
+use super::{instance, permissions, say};
+use crate::kafka::security::ClientSecurity;
 use crate::kafka::{
     committed_checkpoint, committer, validate_transaction_timeout, CheckpointSeal, DeliveryMode,
     KafkaError, KafkaSinkConfig, OffsetsLink, PrefixClaim, Result,
@@ -41,6 +42,8 @@ pub(crate) fn start(
     // one live instance per checkpoint directory; in the exactly-once modes a newer one fences
     // the older one and takes over
     let lock = instance::try_lock(dir)?;
+    // every permission the job needs, in one message, before anything is fenced or read
+    permissions::verify(s, brokers, helper, sink_cfg)?;
     if !s.mode.is_transactional() {
         let Some(lock) = lock else {
             return Err(KafkaError::Config(format!(
@@ -57,12 +60,19 @@ pub(crate) fn start(
         });
     }
 
-    let max_timeout = if sink_cfg.client_properties.is_plaintext() {
-        helper.block_on(committer::broker_max_transaction_timeout(brokers))
-    } else {
-        // onceflow's own client speaks PLAINTEXT only; the broker enforces its maximum itself
-        // (InitProducerId fails with INVALID_TRANSACTION_TIMEOUT)
-        Ok(None)
+    let max_timeout = match ClientSecurity::unsupported(&sink_cfg.client_properties) {
+        None => ClientSecurity::from_properties(
+            &sink_cfg.client_properties,
+            "reading the broker's transaction.max.timeout.ms",
+        )
+        .map(|security| {
+            helper.block_on(committer::broker_max_transaction_timeout(
+                brokers, &security,
+            ))
+        })?,
+        // onceflow's own client cannot connect with these properties; the broker enforces
+        // its maximum itself (InitProducerId fails with INVALID_TRANSACTION_TIMEOUT)
+        Some(_) => Ok(None),
     };
     match max_timeout {
         Ok(Some(max)) => validate_transaction_timeout(s.timeout, s.interval, s.allowance, Some(max))?,

@@ -40,6 +40,7 @@ use std::sync::Arc;
 
 use super::super::committer::{self, CommitOutcome};
 use super::super::config::KafkaSinkConfig;
+use super::super::security::ClientSecurity;
 use super::super::{metrics as m, KafkaError};
 use super::producer::{self, blocking, Ctx, Prod};
 use super::{KafkaPending, KafkaSink, SinkRecord};
@@ -205,8 +206,13 @@ impl TwoPhaseWriter {
                 old_ring = old_ring.max(p.ring_slots);
                 let Some(t) = &p.txn else { continue };
                 let t0 = Instant::now();
+                let security = ClientSecurity::from_properties(
+                    &self.cfg.client_properties,
+                    "two-phase-commit recovery",
+                )?;
                 let outcome = committer::commit_prepared(
                     &self.cfg.brokers,
+                    &security,
                     &t.transactional_id,
                     t.producer_id,
                     t.epoch,
@@ -680,7 +686,11 @@ impl TwoPhaseWriter {
             self.confirmed.push(checkpoint);
             return Ok(());
         }
-        match committer::commit_prepared(&self.cfg.brokers, &t.transactional_id, t.producer_id, t.epoch, TXN_CALL_TIMEOUT).await? {
+        let security = ClientSecurity::from_properties(
+            &self.cfg.client_properties,
+            "two-phase-commit recovery",
+        )?;
+        match committer::commit_prepared(&self.cfg.brokers, &security, &t.transactional_id, t.producer_id, t.epoch, TXN_CALL_TIMEOUT).await? {
             CommitOutcome::Committed => {
                 self.confirmed.push(checkpoint);
                 Ok(())
