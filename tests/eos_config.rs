@@ -264,7 +264,7 @@ fn two_phase_commit_with_a_sasl_mechanism_recovery_cannot_speak_is_refused() {
         "sasl.mechanism=GSSAPI".into(),
     ];
     let mut job = spawn_job(broker.bootstrap(), &args, "secured");
-    assert_refused(&mut job, &[&["transactional-offsets"], &["GSSAPI"]]);
+    assert_refused(&mut job, &[&["transactional-offsets"], &["gssapi"]]);
 }
 
 #[test]
