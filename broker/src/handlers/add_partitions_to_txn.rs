@@ -50,24 +50,7 @@ pub async fn handle(
                 ResponseError::OperationNotAttempted.code()
             }
         };
-        let results = req
-            .v3_and_below_topics
-            .iter()
-            .map(|t| {
-                AddPartitionsToTxnTopicResult::default()
-                    .with_name(t.name.clone())
-                    .with_results_by_partition(
-                        t.partitions
-                            .iter()
-                            .map(|&p| {
-                                AddPartitionsToTxnPartitionResult::default()
-                                    .with_partition_index(p)
-                                    .with_partition_error_code(code_of(t.name.0.as_str()))
-                            })
-                            .collect(),
-                    )
-            })
-            .collect();
+        let results = results(&req, |topic, _| code_of(topic));
         return AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results);
     }
     let mut requested = Vec::new();
@@ -118,8 +101,16 @@ pub async fn handle(
     if let Some(code) = overall {
         metrics::partition_error("AddPartitionsToTxn", code.code());
     }
-    let results = req
-        .v3_and_below_topics
+    let results = results(&req, |topic, p| code_for(topic, p, overall));
+    AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results)
+}
+
+/// One result per requested partition, with the error code `code(topic, partition)`.
+fn results(
+    req: &AddPartitionsToTxnRequest,
+    code: impl Fn(&str, i32) -> i16,
+) -> Vec<AddPartitionsToTxnTopicResult> {
+    req.v3_and_below_topics
         .iter()
         .map(|t| {
             AddPartitionsToTxnTopicResult::default()
@@ -130,11 +121,10 @@ pub async fn handle(
                         .map(|&p| {
                             AddPartitionsToTxnPartitionResult::default()
                                 .with_partition_index(p)
-                                .with_partition_error_code(code_for(t.name.0.as_str(), p, overall))
+                                .with_partition_error_code(code(t.name.0.as_str(), p))
                         })
                         .collect(),
                 )
         })
-        .collect();
-    AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results)
+        .collect()
 }
