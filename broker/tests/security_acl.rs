@@ -5,15 +5,35 @@
 
 use anyhow::{ensure, Context as _, Result};
 use bytes::Bytes;
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
 use kafka_protocol::messages::create_acls_request::AclCreation;
+use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
+use kafka_protocol::messages::delete_records_request::{
+    DeleteRecordsPartition, DeleteRecordsTopic,
+};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+use kafka_protocol::messages::incremental_alter_configs_request::{
+    AlterConfigsResource, AlterableConfig,
+};
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+use kafka_protocol::messages::txn_offset_commit_request::{
+    TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+};
 use kafka_protocol::messages::{
-    AddOffsetsToTxnRequest, CreateAclsRequest, CreateTopicsRequest, DeleteAclsRequest,
-    DescribeAclsRequest, DescribeGroupsRequest, FindCoordinatorRequest, GroupId,
-    InitProducerIdRequest, JoinGroupRequest, MetadataRequest, ProducerId, TransactionalId,
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, BrokerId, CreateAclsRequest,
+    CreatePartitionsRequest, CreateTopicsRequest, DeleteAclsRequest, DeleteRecordsRequest,
+    DeleteTopicsRequest, DescribeAclsRequest, DescribeConfigsRequest, DescribeGroupsRequest,
+    EndTxnRequest, FindCoordinatorRequest, GroupId, IncrementalAlterConfigsRequest,
+    InitProducerIdRequest, JoinGroupRequest, ListOffsetsRequest, MetadataRequest,
+    OffsetCommitRequest, OffsetFetchRequest, ProducerId, TransactionalId, TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use onceflow_testkit::broker_process::BrokerProcess;
@@ -54,6 +74,11 @@ struct AclBroker {
 
 impl AclBroker {
     fn start() -> Result<Self> {
+        Self::start_with("")
+    }
+
+    /// The broker with the base ACLs plus `extra` lines of the ACL file.
+    fn start_with(extra: &str) -> Result<Self> {
         let files = tempfile::tempdir()?;
         let users = files.path().join("users");
         std::fs::write(
@@ -63,11 +88,13 @@ impl AclBroker {
         let acls = files.path().join("acls");
         std::fs::write(
             &acls,
-            "# alice may produce to and consume from `allowed`, and describe group g-desc\n\
+            format!(
+                "# alice may produce to and consume from `allowed`, and describe group g-desc\n\
              User:alice * Write Allow Topic Literal allowed\n\
              User:alice * Read Allow Topic Literal allowed\n\
              User:alice * Describe Allow Group Literal g-desc\n\
-             User:alice * All Deny Topic Prefixed secret\n",
+             User:alice * All Deny Topic Prefixed secret\n{extra}"
+            ),
         )?;
         let data = tempfile::tempdir()?;
         let (users, acls) = (arg(&users), arg(&acls));
@@ -380,5 +407,379 @@ fn acl_admin_round_trip_survives_restart() -> Result<()> {
     ensure!(!restarted.iter().any(|(_, name, _)| name == "t-read"));
     let mut alice = b.login("alice")?;
     ensure!(find_coordinator(&mut alice, "g-read", 0)? == 0);
+    Ok(())
+}
+
+const OPERATION_NOT_ATTEMPTED: i16 = 55;
+/// DescribeConfigs resource types.
+const CONFIG_TOPIC: i8 = 2;
+const CONFIG_BROKER: i8 = 4;
+
+/// (topic, partition error) of an AddPartitionsToTxn v3 answer.
+fn add_partitions(
+    client: &mut RawClient,
+    txn: &str,
+    (pid, epoch): (i64, i16),
+    topics: &[&str],
+) -> Result<Vec<(String, i16)>> {
+    let req = AddPartitionsToTxnRequest::default()
+        .with_v3_and_below_transactional_id(TransactionalId(s(txn)))
+        .with_v3_and_below_producer_id(ProducerId(pid))
+        .with_v3_and_below_producer_epoch(epoch)
+        .with_v3_and_below_topics(
+            topics
+                .iter()
+                .map(|t| {
+                    AddPartitionsToTxnTopic::default()
+                        .with_name(topic_name(t))
+                        .with_partitions(vec![0])
+                })
+                .collect(),
+        );
+    let resp = client.request(&req, 3)?;
+    let mut out = Vec::new();
+    for t in resp.results_by_topic_v3_and_below {
+        for p in t.results_by_partition {
+            out.push((t.name.0.to_string(), p.partition_error_code));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Partition errors of a TxnOffsetCommit v3 of offset 0 of `topic` partition 0.
+fn txn_offset_commit(
+    client: &mut RawClient,
+    txn: &str,
+    group: &str,
+    (pid, epoch): (i64, i16),
+    topic: &str,
+) -> Result<Vec<i16>> {
+    let req = TxnOffsetCommitRequest::default()
+        .with_transactional_id(TransactionalId(s(txn)))
+        .with_group_id(GroupId(s(group)))
+        .with_producer_id(ProducerId(pid))
+        .with_producer_epoch(epoch)
+        .with_generation_id(-1)
+        .with_member_id(s(""))
+        .with_topics(vec![TxnOffsetCommitRequestTopic::default()
+            .with_name(topic_name(topic))
+            .with_partitions(vec![TxnOffsetCommitRequestPartition::default()
+                .with_partition_index(0)
+                .with_committed_offset(0)])]);
+    let resp = client.request(&req, 3)?;
+    Ok(resp
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
+        .collect())
+}
+
+/// Partition errors of a simple (no member) OffsetCommit v8 of offset 1 of `topic` partition 0.
+fn offset_commit(client: &mut RawClient, group: &str, topic: &str) -> Result<Vec<i16>> {
+    let req = OffsetCommitRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_generation_id_or_member_epoch(-1)
+        .with_member_id(s(""))
+        .with_topics(vec![OffsetCommitRequestTopic::default()
+            .with_name(topic_name(topic))
+            .with_partitions(vec![OffsetCommitRequestPartition::default()
+                .with_partition_index(0)
+                .with_committed_offset(1)])]);
+    let resp = client.request(&req, 8)?;
+    Ok(resp
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
+        .collect())
+}
+
+/// The first partition error of a ListOffsets v7 (latest) of `topic` partition 0.
+fn list_offsets(client: &mut RawClient, topic: &str) -> Result<i16> {
+    let req = ListOffsetsRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_topics(vec![ListOffsetsTopic::default()
+            .with_name(topic_name(topic))
+            .with_partitions(vec![ListOffsetsPartition::default()
+                .with_partition_index(0)
+                .with_timestamp(-1)])]);
+    let resp = client.request(&req, 7)?;
+    resp.topics
+        .first()
+        .and_then(|t| t.partitions.first())
+        .map(|p| p.error_code)
+        .context("empty ListOffsets answer")
+}
+
+/// The first partition error of a DeleteRecords v2 up to the high watermark (-1) of `topic`
+/// partition 0.
+fn delete_records(client: &mut RawClient, topic: &str) -> Result<i16> {
+    let req = DeleteRecordsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![DeleteRecordsTopic::default()
+            .with_name(topic_name(topic))
+            .with_partitions(vec![DeleteRecordsPartition::default()
+                .with_partition_index(0)
+                .with_offset(-1)])]);
+    let resp = client.request(&req, 2)?;
+    resp.topics
+        .first()
+        .and_then(|t| t.partitions.first())
+        .map(|p| p.error_code)
+        .context("empty DeleteRecords answer")
+}
+
+/// The error of a CreatePartitions v3 taking `topic` to `count` partitions.
+fn create_partitions(client: &mut RawClient, topic: &str, count: i32) -> Result<i16> {
+    let req = CreatePartitionsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![CreatePartitionsTopic::default()
+            .with_name(topic_name(topic))
+            .with_count(count)
+            .with_assignments(None)]);
+    let resp = client.request(&req, 3)?;
+    resp.results
+        .first()
+        .map(|r| r.error_code)
+        .context("empty CreatePartitions answer")
+}
+
+/// The error of a DescribeConfigs v4 of one resource.
+fn describe_configs(client: &mut RawClient, resource_type: i8, name: &str) -> Result<i16> {
+    let req =
+        DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
+            .with_resource_type(resource_type)
+            .with_resource_name(s(name))]);
+    let resp = client.request(&req, 4)?;
+    resp.results
+        .first()
+        .map(|r| r.error_code)
+        .context("empty DescribeConfigs answer")
+}
+
+/// The error of an IncrementalAlterConfigs v1 setting `retention.ms` of `topic`.
+fn alter_topic_config(client: &mut RawClient, topic: &str) -> Result<i16> {
+    let req = IncrementalAlterConfigsRequest::default().with_resources(vec![
+        AlterConfigsResource::default()
+            .with_resource_type(CONFIG_TOPIC)
+            .with_resource_name(s(topic))
+            .with_configs(vec![AlterableConfig::default()
+                .with_name(s("retention.ms"))
+                .with_config_operation(0)
+                .with_value(Some(s("3600000")))]),
+    ]);
+    let resp = client.request(&req, 1)?;
+    resp.responses
+        .first()
+        .map(|r| r.error_code)
+        .context("empty IncrementalAlterConfigs answer")
+}
+
+/// The transaction, offset and admin APIs: each refuses with the code Kafka gives when the
+/// principal lacks the permission Kafka checks for it, and works once the permission is there.
+#[test]
+fn acl_denials_of_transaction_offset_and_admin_apis() -> Result<()> {
+    let b = AclBroker::start_with(
+        "User:alice * Write Allow TransactionalId Literal tx-ok\n\
+         User:alice * Read Allow Group Literal g-read\n",
+    )?;
+    let mut admin = b.login("admin")?;
+    ensure!(
+        create_topics(&mut admin, &["allowed", "denied"])? == [0, 0],
+        "admin could not create topics"
+    );
+    let mut alice = b.login("alice")?;
+    let init = alice.request(
+        &InitProducerIdRequest::default()
+            .with_transactional_id(Some(TransactionalId(s("tx-ok"))))
+            .with_transaction_timeout_ms(10_000),
+        4,
+    )?;
+    ensure!(
+        init.error_code == 0,
+        "InitProducerId tx-ok {}",
+        init.error_code
+    );
+    let producer = (init.producer_id.0, init.producer_epoch);
+
+    // AddPartitionsToTxn: Write on the transactional id refuses every partition; then Write on
+    // each topic: the denied topic gets 29 and the others are not attempted.
+    let all_denied = add_partitions(&mut alice, "tx-no", producer, &["allowed"])?;
+    ensure!(
+        all_denied == [("allowed".to_string(), TRANSACTIONAL_ID_AUTHORIZATION_FAILED)],
+        "AddPartitionsToTxn tx-no {all_denied:?}"
+    );
+    let mixed = add_partitions(&mut alice, "tx-ok", producer, &["allowed", "denied"])?;
+    ensure!(
+        mixed
+            == [
+                ("allowed".to_string(), OPERATION_NOT_ATTEMPTED),
+                ("denied".to_string(), TOPIC_AUTHORIZATION_FAILED)
+            ],
+        "AddPartitionsToTxn allowed+denied {mixed:?}"
+    );
+    let added = add_partitions(&mut alice, "tx-ok", producer, &["allowed"])?;
+    ensure!(
+        added == [("allowed".to_string(), 0)],
+        "AddPartitionsToTxn allowed {added:?}"
+    );
+
+    // TxnOffsetCommit: Write on the transactional id, then Read on the group, then Read on
+    // each topic.
+    let add_offsets = alice.request(
+        &AddOffsetsToTxnRequest::default()
+            .with_transactional_id(TransactionalId(s("tx-ok")))
+            .with_producer_id(ProducerId(producer.0))
+            .with_producer_epoch(producer.1)
+            .with_group_id(GroupId(s("g-read"))),
+        3,
+    )?;
+    ensure!(
+        add_offsets.error_code == 0,
+        "AddOffsetsToTxn g-read {}",
+        add_offsets.error_code
+    );
+    let codes = txn_offset_commit(&mut alice, "tx-no", "g-read", producer, "allowed")?;
+    ensure!(
+        codes == [TRANSACTIONAL_ID_AUTHORIZATION_FAILED],
+        "TxnOffsetCommit tx-no {codes:?}"
+    );
+    let codes = txn_offset_commit(&mut alice, "tx-ok", "g-desc", producer, "allowed")?;
+    ensure!(
+        codes == [GROUP_AUTHORIZATION_FAILED],
+        "TxnOffsetCommit to a group alice may only describe {codes:?}"
+    );
+    let codes = txn_offset_commit(&mut alice, "tx-ok", "g-read", producer, "denied")?;
+    ensure!(
+        codes == [TOPIC_AUTHORIZATION_FAILED],
+        "TxnOffsetCommit of topic denied {codes:?}"
+    );
+    let codes = txn_offset_commit(&mut alice, "tx-ok", "g-read", producer, "allowed")?;
+    ensure!(codes == [0], "TxnOffsetCommit allowed {codes:?}");
+
+    // EndTxn: Write on the transactional id.
+    let end = |client: &mut RawClient, txn: &str| -> Result<i16> {
+        let req = EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(s(txn)))
+            .with_producer_id(ProducerId(producer.0))
+            .with_producer_epoch(producer.1)
+            .with_committed(true);
+        Ok(client.request(&req, 3)?.error_code)
+    };
+    let code = end(&mut alice, "tx-no")?;
+    ensure!(
+        code == TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        "EndTxn tx-no {code}"
+    );
+    let code = end(&mut alice, "tx-ok")?;
+    ensure!(code == 0, "EndTxn tx-ok {code}");
+
+    // OffsetCommit: Read on the group, then Read on each topic.
+    let codes = offset_commit(&mut alice, "g-desc", "allowed")?;
+    ensure!(
+        codes == [GROUP_AUTHORIZATION_FAILED],
+        "OffsetCommit g-desc {codes:?}"
+    );
+    let codes = offset_commit(&mut alice, "g-read", "denied")?;
+    ensure!(
+        codes == [TOPIC_AUTHORIZATION_FAILED],
+        "OffsetCommit of denied {codes:?}"
+    );
+    let codes = offset_commit(&mut alice, "g-read", "allowed")?;
+    ensure!(codes == [0], "OffsetCommit allowed {codes:?}");
+
+    // OffsetFetch (v7: one group): Describe on the group, Describe on each named topic.
+    let fetch = |client: &mut RawClient, group: &str, topic: &str| {
+        let req = OffsetFetchRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+                .with_name(topic_name(topic))
+                .with_partition_indexes(vec![0])]));
+        client.request(&req, 7)
+    };
+    let resp = fetch(&mut alice, "g-other", "allowed")?;
+    ensure!(
+        resp.error_code == GROUP_AUTHORIZATION_FAILED,
+        "OffsetFetch g-other {}",
+        resp.error_code
+    );
+    let resp = fetch(&mut alice, "g-read", "denied")?;
+    let codes: Vec<i16> = resp
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| p.error_code))
+        .collect();
+    ensure!(
+        resp.error_code == 0 && codes == [TOPIC_AUTHORIZATION_FAILED],
+        "OffsetFetch of denied: {} {codes:?}",
+        resp.error_code
+    );
+    let resp = fetch(&mut alice, "g-read", "allowed")?;
+    let offsets: Vec<(i16, i64)> = resp
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(|p| (p.error_code, p.committed_offset))
+        })
+        .collect();
+    ensure!(
+        offsets == [(0, 1)],
+        "OffsetFetch allowed (the committed offset 1) {offsets:?}"
+    );
+
+    // ListOffsets: Describe on the topic.
+    let code = list_offsets(&mut alice, "denied")?;
+    ensure!(
+        code == TOPIC_AUTHORIZATION_FAILED,
+        "ListOffsets denied {code}"
+    );
+    let code = list_offsets(&mut alice, "allowed")?;
+    ensure!(code == 0, "ListOffsets allowed {code}");
+
+    // Read and Write do not grant Delete, Alter or the config operations.
+    let code = delete_records(&mut alice, "allowed")?;
+    ensure!(code == TOPIC_AUTHORIZATION_FAILED, "DeleteRecords {code}");
+    let code = create_partitions(&mut alice, "allowed", 2)?;
+    ensure!(
+        code == TOPIC_AUTHORIZATION_FAILED,
+        "CreatePartitions {code}"
+    );
+    let code = describe_configs(&mut alice, CONFIG_TOPIC, "allowed")?;
+    ensure!(
+        code == TOPIC_AUTHORIZATION_FAILED,
+        "DescribeConfigs topic {code}"
+    );
+    let code = describe_configs(&mut alice, CONFIG_BROKER, "0")?;
+    ensure!(
+        code == CLUSTER_AUTHORIZATION_FAILED,
+        "DescribeConfigs broker {code}"
+    );
+    let code = alter_topic_config(&mut alice, "allowed")?;
+    ensure!(
+        code == TOPIC_AUTHORIZATION_FAILED,
+        "IncrementalAlterConfigs {code}"
+    );
+    let delete = |client: &mut RawClient, topic: &str| -> Result<i16> {
+        let req = DeleteTopicsRequest::default()
+            .with_timeout_ms(10_000)
+            .with_topic_names(vec![topic_name(topic)]);
+        client
+            .request(&req, 5)?
+            .responses
+            .first()
+            .map(|r| r.error_code)
+            .context("empty DeleteTopics answer")
+    };
+    let code = delete(&mut alice, "allowed")?;
+    ensure!(code == TOPIC_AUTHORIZATION_FAILED, "DeleteTopics {code}");
+
+    // The super user may do all of them.
+    ensure!(describe_configs(&mut admin, CONFIG_TOPIC, "allowed")? == 0);
+    ensure!(alter_topic_config(&mut admin, "allowed")? == 0);
+    ensure!(create_partitions(&mut admin, "allowed", 2)? == 0);
+    ensure!(delete_records(&mut admin, "allowed")? == 0);
+    ensure!(delete(&mut admin, "allowed")? == 0);
     Ok(())
 }
