@@ -11,7 +11,7 @@
 pub mod acl;
 pub mod authorizer;
 pub mod listener;
-pub mod scram;
+pub use onceflow_scram as scram;
 pub mod session;
 pub mod tls;
 pub mod users;

@@ -12,7 +12,7 @@
 pub mod acl;
 pub mod check;
 pub mod sasl;
-pub mod scram;
+pub use onceflow_scram as scram;
 pub mod tls;
 
 use std::sync::Arc;

@@ -1,80 +1,10 @@
-//! The client side of SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, RFC 7677) as Kafka uses it
-//! in SaslAuthenticate: client-first, server-first, client-final, server-final, with no
-//! channel binding (`n,,`). Sans-I/O: the caller moves the messages.
+//! The client side of SCRAM: client-first, server-first, client-final, server-final, with no
+//! channel binding (`n,,`).
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
-use hmac::{Hmac, Mac};
-use sha2::{Digest, Sha256, Sha512};
 
-/// The hash a SCRAM mechanism is built on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ScramHash {
-    /// SCRAM-SHA-256.
-    Sha256,
-    /// SCRAM-SHA-512.
-    Sha512,
-}
-
-impl ScramHash {
-    /// The SASL mechanism name.
-    pub fn mechanism(self) -> &'static str {
-        match self {
-            ScramHash::Sha256 => "SCRAM-SHA-256",
-            ScramHash::Sha512 => "SCRAM-SHA-512",
-        }
-    }
-
-    fn hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
-        match self {
-            ScramHash::Sha256 => {
-                let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key)
-                    .expect("HMAC accepts keys of any length");
-                m.update(data);
-                m.finalize().into_bytes().to_vec()
-            }
-            ScramHash::Sha512 => {
-                let mut m = <Hmac<Sha512> as Mac>::new_from_slice(key)
-                    .expect("HMAC accepts keys of any length");
-                m.update(data);
-                m.finalize().into_bytes().to_vec()
-            }
-        }
-    }
-
-    fn hash(self, data: &[u8]) -> Vec<u8> {
-        match self {
-            ScramHash::Sha256 => Sha256::digest(data).to_vec(),
-            ScramHash::Sha512 => Sha512::digest(data).to_vec(),
-        }
-    }
-
-    fn salted_password(self, password: &[u8], salt: &[u8], iterations: u32) -> Vec<u8> {
-        match self {
-            ScramHash::Sha256 => {
-                let mut out = [0u8; 32];
-                pbkdf2::pbkdf2_hmac::<Sha256>(password, salt, iterations, &mut out);
-                out.to_vec()
-            }
-            ScramHash::Sha512 => {
-                let mut out = [0u8; 64];
-                pbkdf2::pbkdf2_hmac::<Sha512>(password, salt, iterations, &mut out);
-                out.to_vec()
-            }
-        }
-    }
-}
-
-/// Why a SCRAM exchange failed (the server's answer was malformed, wrong or an error).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("SCRAM: {0}")]
-pub struct ScramError(pub String);
-
-/// Fewer iterations than this are refused: a server asking for them is misconfigured or
-/// hostile (RFC 7677 recommends at least 4096; Kafka's minimum is 4096).
-const MIN_ITERATIONS: u32 = 4096;
-/// More iterations than this are refused as a denial of service on the client.
-const MAX_ITERATIONS: u32 = 1_000_000;
+use crate::{ScramError, ScramHash, MAX_ITERATIONS, MIN_ITERATIONS};
 
 /// One SCRAM exchange of a client.
 pub struct ScramClient {

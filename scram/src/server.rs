@@ -1,81 +1,10 @@
-//! SCRAM-SHA-256 / SCRAM-SHA-512 (RFC 5802, RFC 7677): stored credentials and the server
-//! side of the two-round exchange.
+//! The server side of SCRAM: stored credentials and the two-round exchange.
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use hmac::{Hmac, Mac};
 use rand::RngCore;
-use sha2::{Digest, Sha256, Sha512};
 
-/// A SCRAM hash function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ScramHash {
-    /// SCRAM-SHA-256.
-    Sha256,
-    /// SCRAM-SHA-512.
-    Sha512,
-}
-
-/// Kafka's minimum iteration count for SCRAM credentials.
-pub const MIN_ITERATIONS: u32 = 4096;
-
-impl ScramHash {
-    /// The SASL mechanism name.
-    pub fn mechanism(self) -> &'static str {
-        match self {
-            ScramHash::Sha256 => "SCRAM-SHA-256",
-            ScramHash::Sha512 => "SCRAM-SHA-512",
-        }
-    }
-
-    /// The hash for a mechanism name (case-insensitive).
-    pub fn from_mechanism(name: &str) -> Option<Self> {
-        match name.to_ascii_uppercase().as_str() {
-            "SCRAM-SHA-256" => Some(ScramHash::Sha256),
-            "SCRAM-SHA-512" => Some(ScramHash::Sha512),
-            _ => None,
-        }
-    }
-
-    fn hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
-        match self {
-            ScramHash::Sha256 => {
-                let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key)
-                    .expect("HMAC takes keys of any length");
-                mac.update(data);
-                mac.finalize().into_bytes().to_vec()
-            }
-            ScramHash::Sha512 => {
-                let mut mac = <Hmac<Sha512> as Mac>::new_from_slice(key)
-                    .expect("HMAC takes keys of any length");
-                mac.update(data);
-                mac.finalize().into_bytes().to_vec()
-            }
-        }
-    }
-
-    fn hash(self, data: &[u8]) -> Vec<u8> {
-        match self {
-            ScramHash::Sha256 => Sha256::digest(data).to_vec(),
-            ScramHash::Sha512 => Sha512::digest(data).to_vec(),
-        }
-    }
-
-    fn salted_password(self, password: &[u8], salt: &[u8], iterations: u32) -> Vec<u8> {
-        match self {
-            ScramHash::Sha256 => {
-                let mut out = [0u8; 32];
-                pbkdf2::pbkdf2_hmac::<Sha256>(password, salt, iterations, &mut out);
-                out.to_vec()
-            }
-            ScramHash::Sha512 => {
-                let mut out = [0u8; 64];
-                pbkdf2::pbkdf2_hmac::<Sha512>(password, salt, iterations, &mut out);
-                out.to_vec()
-            }
-        }
-    }
-}
+use crate::{constant_time_eq, ScramError, ScramHash, MIN_ITERATIONS};
 
 /// What the broker stores for a SCRAM user: never the password itself.
 #[derive(Clone, PartialEq, Eq)]
@@ -182,15 +111,6 @@ impl ScramCredential {
         Ok(credential)
     }
 }
-
-/// Compares without an early exit, so timing does not tell how many leading bytes matched.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Why an exchange failed: the message goes to the client, the user name to the log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScramError(pub String);
 
 /// The client-first message, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
