@@ -25,6 +25,10 @@ const USER: &str = "alice";
 const REGISTRY_TOPIC: &str = "onceflow-prefix-registry";
 /// What a restart logs when it commits a crashed checkpoint's pre-committed transaction.
 const RECOVERY_COMMITTED: &str = "recovery committed a pre-committed transaction";
+/// What the start-up check logs when it cannot read the ACLs and probes instead.
+const PROBES: &str = "start-up permission check by probes";
+/// What it logs when it passes; the line names the method (`describe-acls`).
+const PASSED: &str = "start-up permission check passed";
 /// Failpoint crashes before the scenario gives up on one whose checkpoint carried records.
 const FAILPOINT_ATTEMPTS: usize = 6;
 /// Distinctive, so that a grep of the logs cannot match anything else.
@@ -147,6 +151,22 @@ fn logs_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
         .collect()
 }
 
+/// How many lines of the log files under `dir` contain every one of `needles`.
+fn log_lines_with(dir: &Path, needles: &[&str]) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .map(|p| {
+            let text = String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+            text.lines()
+                .filter(|l| needles.iter().all(|n| l.contains(n)))
+                .count()
+        })
+        .sum()
+}
+
 /// The job without the transactional id ACL stops at start with the permission named.
 fn refused_at_start(test: &str, mode: &str, describe_cluster: bool) {
     let _machine = exclusive();
@@ -187,6 +207,14 @@ fn refused_at_start(test: &str, mode: &str, describe_cluster: bool) {
         "output was written before the check"
     );
     assert!(logs_containing(dir.path(), PASSWORD).is_empty());
+    // with Describe on the cluster the check reads the ACLs; without it, it probes
+    let probed = !logs_containing(dir.path(), PROBES).is_empty();
+    assert_eq!(
+        probed,
+        !describe_cluster,
+        "the check {} probes\n{stderr}",
+        if probed { "used" } else { "did not use" }
+    );
     finish_dir(dir);
 }
 
@@ -334,6 +362,12 @@ fn sasl_ssl_two_phase_commit_is_exactly_once_through_sigkills() {
         3,
     );
 
+    // the log is coloured, so the method is looked for on the line, not as `method="..."`
+    let by_acls = log_lines_with(dir.path(), &[PASSED, "\"describe-acls\""]);
+    assert!(
+        by_acls > 0 && logs_containing(dir.path(), PROBES).is_empty(),
+        "the start-up check did not verify every permission from the ACLs"
+    );
     let leaked = logs_containing(dir.path(), PASSWORD);
     assert!(leaked.is_empty(), "the password is in {leaked:?}");
     let debug_lines = logs_containing(dir.path(), "DEBUG");

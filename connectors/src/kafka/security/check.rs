@@ -399,9 +399,14 @@ async fn describe_acls(c: &mut RawClient) -> Result<std::result::Result<Vec<AclB
     const ANY: i8 = 1;
     let r = c
         .request(
+            // every filter open: the request's defaults are empty strings, which would
+            // match only bindings with an empty resource name, principal and host
             &DescribeAclsRequest::default()
                 .with_resource_type_filter(ANY)
+                .with_resource_name_filter(None)
                 .with_pattern_type_filter(ANY)
+                .with_principal_filter(None)
+                .with_host_filter(None)
                 .with_operation(ANY)
                 .with_permission_type(ANY),
             1,
