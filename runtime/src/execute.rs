@@ -127,6 +127,12 @@ impl StreamEnvironment {
             }
         }
         let max = config.max_parallelism;
+        // before anything is set up: a job reports that it started while its sinks recover
+        // (below), and a SIGTERM from then on must stop it with a final checkpoint, not kill
+        // it; a stop requested during the set-up is taken by the coordinator when it starts
+        if config.stop_on_sigterm {
+            spawn_stop_on_signals(self.stop.clone())?;
+        }
 
         let storage: Option<Arc<dyn CheckpointStorage>> = match &config.checkpoint_dir {
             Some(d) => Some(Arc::new(LocalDirStorage::new(d)?)),
@@ -242,10 +248,6 @@ impl StreamEnvironment {
             stop_rx: self.stop.subscribe(),
             next_id: first_id,
         };
-        if config.stop_on_sigterm {
-            spawn_stop_on_signals(self.stop.clone())?;
-        }
-
         let mut tasks = JoinSet::new();
         for (name, run) in runs {
             let span = tracing::info_span!("subtask", job = %config.name, subtask = %name);

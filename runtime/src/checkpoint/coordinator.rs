@@ -188,7 +188,12 @@ impl Coordinator {
     pub(crate) async fn run(mut self, sources: usize) -> Result<CoordinatorStats> {
         let mut stats = CoordinatorStats::default();
         let mut pending: Option<Pending> = None;
-        let mut stopping = false;
+        // a stop requested while the job was being set up (before this receiver could see
+        // a change) is taken now
+        let mut stopping = *self.stop_rx.borrow_and_update();
+        if stopping {
+            tracing::info!("stop requested during set-up: taking a final checkpoint");
+        }
         let mut exhausted = 0usize;
         let mut stop_open = true;
         let interval = self.config.checkpoint_interval;
