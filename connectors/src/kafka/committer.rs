@@ -45,6 +45,8 @@ pub mod codes {
     /// The principal may not use the transactional id (Write, or Describe for
     /// FindCoordinator).
     pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
+    /// The principal may not perform the request on the cluster resource.
+    pub const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
 }
 
 /// A byte stream to a broker: TCP, or TLS over TCP.
@@ -299,8 +301,10 @@ pub async fn broker_max_transaction_timeout(
             1,
         )
         .await?;
+    let mut refused = None;
     for res in &r.results {
         if res.error_code != codes::NONE {
+            refused.get_or_insert(res.error_code);
             continue;
         }
         for cfg in &res.configs {
@@ -314,6 +318,11 @@ pub async fn broker_max_transaction_timeout(
                 }
             }
         }
+    }
+    if refused == Some(codes::CLUSTER_AUTHORIZATION_FAILED) {
+        return Err(KafkaError::Config(
+            "the job's principal may not describe the broker's configuration (DescribeConfigs on the Cluster)".into(),
+        ));
     }
     Ok(None)
 }
