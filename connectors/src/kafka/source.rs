@@ -92,6 +92,22 @@ impl<T> KafkaSource<T> {
         self.link = Some(link);
         self
     }
+
+    /// Scaled-out mode (`docs/SCALE-OUT.md`): the instance's group member owns the
+    /// subscription and each source subtask reads the partition queues of the partitions the
+    /// group assigned to the instance. The member's input topic replaces this source's topic;
+    /// brokers, group and consumer properties are the member's. With an [`OffsetsLink`] the
+    /// positions and the member's group metadata go to the transactional-offsets sink.
+    pub fn in_group(self, member: super::scale::InstanceMember) -> super::scale::GroupSource<T> {
+        if member.topic() != self.topic {
+            tracing::warn!(
+                source_topic = %self.topic,
+                member_topic = member.topic(),
+                "the scaled-out source reads the member's input topic"
+            );
+        }
+        super::scale::GroupSource::new(member, self.decoder, self.link)
+    }
 }
 
 /// Consumer context that learns each partition's end (last stable offset under

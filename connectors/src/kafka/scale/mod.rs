@@ -1,9 +1,14 @@
 //! Building blocks for running many instances of one job in a consumer group
 //! (`docs/SCALE-OUT.md`): which task a key belongs to, as Kafka's default partitioner
-//! decides it, and the instance's membership of the job's group.
+//! decides it, the instance's membership of the job's group, and the source that reads the
+//! partitions the group gives the instance.
 
 mod key;
 pub mod member;
+mod queues;
+mod source;
 
 pub use key::{murmur2, task_of, KafkaKey};
 pub use member::{GroupMember, MemberConfig, RebalanceListener, TopicPartition};
+pub use queues::{InstanceMember, RecordQueue};
+pub use source::{GroupSource, GroupSourceReader};

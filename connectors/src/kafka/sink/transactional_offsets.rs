@@ -21,6 +21,7 @@ use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::super::config::KafkaSinkConfig;
+use super::super::scale::GroupMember;
 use super::super::source::KafkaPosition;
 use super::super::{metrics as m, KafkaError};
 use super::producer::{self, blocking, Ctx, Prod};
@@ -33,6 +34,9 @@ const CHK_META_PREFIX: &str = "onceflow-chk=";
 struct LinkState {
     source_parallelism: usize,
     group_metadata: Option<Arc<ConsumerGroupMetadata>>,
+    /// Scaled-out mode: the instance's group member, asked for its metadata at every commit
+    /// (the generation changes with each rebalance).
+    group_member: Option<Arc<GroupMember>>,
     positions: BTreeMap<CheckpointId, BTreeMap<usize, KafkaPosition>>,
     /// When the first source subtask reached each barrier.
     barrier_at: BTreeMap<CheckpointId, Instant>,
@@ -99,6 +103,12 @@ impl OffsetsLink {
         }
     }
 
+    pub(crate) fn register_group_member(&self, parallelism: usize, member: Arc<GroupMember>) {
+        let mut s = self.0.state.lock();
+        s.source_parallelism = parallelism;
+        s.group_member = Some(member);
+    }
+
     pub(crate) fn record_positions(
         &self,
         checkpoint: CheckpointId,
@@ -152,7 +162,12 @@ impl OffsetsLink {
                     st.source_parallelism
                 )));
             }
-            let Some(gm) = st.group_metadata.clone() else {
+            let live = st
+                .group_member
+                .as_ref()
+                .and_then(|m| m.group_metadata())
+                .map(Arc::new);
+            let Some(gm) = live.or_else(|| st.group_metadata.clone()) else {
                 return Err(KafkaError::Config(
                     "the source has no consumer group metadata".into(),
                 ));
