@@ -235,6 +235,9 @@ impl<In: Data, Out: Data, Op: Operator<In, Out>> NodeRunner for OperatorRunner<I
         Box::pin(async move {
             let ctx = TaskContext::new(setup.info, setup.services);
             let mut op = factory(&ctx.info).map_err(|e| ctx.op_err(e))?;
+            if ctx.services.changelog.is_some() {
+                op.track_state_changes();
+            }
             if let Some(r) = setup.restored {
                 op.restore(RestoredState {
                     key_groups: r.key_groups,

@@ -21,7 +21,9 @@ use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::super::config::KafkaSinkConfig;
-use super::super::scale::GroupMember;
+use super::super::scale::{
+    ChangelogRecord, GroupMember, CHANGELOG_BYTES_PER_COMMIT, CHANGELOG_RECORDS,
+};
 use super::super::source::KafkaPosition;
 use super::super::{metrics as m, KafkaError};
 use super::producer::{self, blocking, Ctx, Prod};
@@ -37,6 +39,9 @@ struct LinkState {
     /// Scaled-out mode: the instance's group member, asked for its metadata at every commit
     /// (the generation changes with each rebalance).
     group_member: Option<Arc<GroupMember>>,
+    /// Changelog records per checkpoint whose barrier released them, until that checkpoint
+    /// (or a later one) commits.
+    changelog: BTreeMap<CheckpointId, Vec<ChangelogRecord>>,
     positions: BTreeMap<CheckpointId, BTreeMap<usize, KafkaPosition>>,
     /// When the first source subtask reached each barrier.
     barrier_at: BTreeMap<CheckpointId, Instant>,
@@ -107,6 +112,30 @@ impl OffsetsLink {
         let mut s = self.0.state.lock();
         s.source_parallelism = parallelism;
         s.group_member = Some(member);
+    }
+
+    /// Records released by barrier `checkpoint` (the keyed state changes of an operator
+    /// subtask): they go into the transaction that commits `checkpoint`, with its output and
+    /// offsets. Records of a checkpoint that never completes go with the next one that does.
+    pub fn write_for_checkpoint(&self, checkpoint: CheckpointId, records: Vec<ChangelogRecord>) {
+        if records.is_empty() {
+            return;
+        }
+        self.0
+            .state
+            .lock()
+            .changelog
+            .entry(checkpoint)
+            .or_default()
+            .extend(records);
+    }
+
+    /// Takes the changelog records of every checkpoint up to `checkpoint`, oldest first.
+    fn take_changelog_up_to(&self, checkpoint: CheckpointId) -> Vec<ChangelogRecord> {
+        let mut st = self.0.state.lock();
+        let later = st.changelog.split_off(&(checkpoint + 1));
+        let upto = std::mem::replace(&mut st.changelog, later);
+        upto.into_values().flatten().collect()
     }
 
     pub(crate) fn record_positions(
@@ -312,6 +341,18 @@ impl OffsetsWriter {
                 inst.records_in_txn += recs.len() as u64;
             }
         }
+        let changelog = self.link.take_changelog_up_to(checkpoint);
+        let mut changelog_bytes = 0usize;
+        for r in &changelog {
+            producer::send_to_partition(
+                &inst.producer,
+                &r.topic,
+                r.partition,
+                &r.key,
+                r.value.as_deref(),
+            )?;
+            changelog_bytes += r.size();
+        }
         let p = inst.producer.clone();
         let t0 = Instant::now();
         let r = blocking(move || -> std::result::Result<(), (bool, String)> {
@@ -345,6 +386,10 @@ impl OffsetsWriter {
         metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "transactional-offsets")
             .record(t0.elapsed().as_secs_f64());
         metrics::histogram!(m::RECORDS_PER_TXN).record(inst.records_in_txn as f64);
+        if !changelog.is_empty() {
+            metrics::counter!(CHANGELOG_RECORDS).increment(changelog.len() as u64);
+            metrics::histogram!(CHANGELOG_BYTES_PER_COMMIT).record(changelog_bytes as f64);
+        }
         inst.committed = checkpoint;
         inst.records_in_txn = 0;
         inst.since = Instant::now();
