@@ -267,3 +267,139 @@ fn a_changelog_topic_of_the_wrong_shape_is_refused_at_start() {
     block_on(ensure_changelog_topics(&brokers, &props, &topics, -1)).expect("created");
     block_on(ensure_changelog_topics(&brokers, &props, &topics, -1)).expect("checked");
 }
+
+/// Adds `amount` to `key`'s sum in the store, as the reduce operator does.
+fn add(store: &mut KeyedStateStore<String>, key: &str, amount: u64) {
+    let key = key.to_string();
+    let g = store.group_index(&key).expect("group");
+    let map = store
+        .table::<(String, u64)>("reduce")
+        .expect("table")
+        .key_mut(g, &key);
+    let sum = map.get(&key).map_or(0, |(_, s)| *s) + amount;
+    map.insert(key.clone(), (key, sum));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changelog_records_of_a_transaction_that_does_not_commit_are_invisible() {
+    use onceflow_connectors::kafka::scale::GroupSourceReader;
+    use onceflow_runtime::state::ChangelogWriter;
+    use onceflow_runtime::{Sink, SinkFactory, Source, SourceFactory, SourcePoll};
+    use onceflow_testkit::inproc::subtask_info;
+
+    let broker = onceflow_testkit::inproc::start_broker(PARTITIONS).await;
+    let brokers = broker.bootstrap_servers();
+    let sink_config = KafkaSinkConfig::new(brokers.clone(), OUTPUT)
+        .mode(DeliveryMode::TransactionalOffsets)
+        .transactional_id_prefix("abort-job");
+    let topics = vec![ChangelogTopic::new::<String>(
+        "abort-job",
+        REDUCE,
+        PARTITIONS,
+    )];
+    ensure_changelog_topics(&brokers, &ClientProperties::new(), &topics, -1)
+        .await
+        .expect("changelog topics");
+    let lines = |from: usize, to: usize| -> Vec<String> {
+        (from..to).map(|i| format!("k{},{}", i % KEYS, 1)).collect()
+    };
+    produce_values(&brokers, INPUT, PARTITIONS, &lines(0, 400));
+
+    let member = InstanceMember::start(
+        &MemberConfig::new(&brokers, "abort-group", vec![INPUT.into()], "node-a"),
+        Arc::new(Quiet),
+        INPUT,
+    )
+    .expect("member");
+    let link = OffsetsLink::new();
+    let changelog = StateChangelog::new(link.clone(), topics.clone());
+    let source = KafkaSource::new(brokers.clone(), INPUT, Decoder::raw())
+        .transactional_offsets(link.clone())
+        .in_group(member.clone());
+    let mut reader: GroupSourceReader<KafkaMessage> =
+        source.create(&subtask_info(0, 1, 0)).expect("reader");
+    let mut writer = KafkaSink::new(sink_config.clone())
+        .offsets_link(link.clone())
+        .create(&subtask_info(0, 1, 0))
+        .expect("writer");
+    writer.recover(Vec::new()).await.expect("recovers");
+    let mut store: KeyedStateStore<String> = KeyedStateStore::new(
+        MAX_PARALLELISM,
+        KeyGroupRange::for_subtask(MAX_PARALLELISM, 1, 0),
+    )
+    .tracking_changes();
+
+    // reads `n` records into the store
+    async fn read_into(
+        reader: &mut GroupSourceReader<KafkaMessage>,
+        store: &mut KeyedStateStore<String>,
+        n: usize,
+    ) {
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while got < n {
+            assert!(Instant::now() < deadline, "read {got} of {n}");
+            let mut batch = Vec::new();
+            if let SourcePoll::Idle(d) = reader.poll(&mut batch, 100).await.expect("poll") {
+                tokio::time::sleep(d).await;
+            }
+            got += batch.len();
+            for m in batch {
+                let (k, a) = parse(m);
+                add(store, &k, a);
+            }
+        }
+    }
+
+    // checkpoint 1 commits: its changes become visible
+    read_into(&mut reader, &mut store, 400).await;
+    changelog
+        .write_for_checkpoint(1, REDUCE, 0, store.take_changes().expect("changes"))
+        .expect("changelog 1");
+    reader.snapshot_position(1).expect("position 1");
+    let pending = writer
+        .pre_commit(1)
+        .await
+        .expect("pre-commit")
+        .expect("pending");
+    writer.commit(1, pending).await.expect("commit 1");
+    let state_1 = changelog_state(&brokers, topics[0].topic());
+    assert_eq!(state_1.len(), KEYS);
+    assert_eq!(state_1.values().sum::<u64>(), 400);
+
+    // checkpoint 2's changes are handed over, then another incarnation of the instance fences
+    // this one before it commits
+    produce_values(&brokers, INPUT, PARTITIONS, &lines(400, 800));
+    read_into(&mut reader, &mut store, 400).await;
+    changelog
+        .write_for_checkpoint(2, REDUCE, 0, store.take_changes().expect("changes"))
+        .expect("changelog 2");
+    reader.snapshot_position(2).expect("position 2");
+    let pending = writer
+        .pre_commit(2)
+        .await
+        .expect("pre-commit")
+        .expect("pending");
+    let next = OffsetsLink::new();
+    let fencing_config = sink_config.clone();
+    tokio::task::spawn_blocking(move || next.fence_previous(&fencing_config, 1))
+        .await
+        .expect("fencing thread")
+        .expect("the next incarnation fences this one");
+    let err = writer
+        .commit(2, pending)
+        .await
+        .expect_err("a fenced instance cannot commit");
+    assert!(
+        err.to_string().contains("fenced") || err.to_string().contains("aborted"),
+        "{err}"
+    );
+
+    // only checkpoint 1's state is in the changelog, matching the committed offsets
+    assert_eq!(changelog_state(&brokers, topics[0].topic()), state_1);
+    assert_eq!(committed_total(&brokers, "abort-group"), 400);
+    drop(reader);
+    drop(source);
+    drop(member);
+    broker.shutdown().await;
+}
