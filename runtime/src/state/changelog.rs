@@ -6,7 +6,8 @@
 //! durable together with the checkpoint (in the same transaction as its output and offsets).
 
 use crate::element::CheckpointId;
-use crate::state::StateChange;
+use crate::keygroup::KeyGroupRange;
+use crate::state::{KeyGroupSnapshot, StateChange};
 use crate::Result;
 
 /// Receives the state changes of each keyed operator subtask per checkpoint.
@@ -22,6 +23,20 @@ pub trait ChangelogWriter: Send + Sync + 'static {
         subtask: usize,
         changes: Vec<StateChange>,
     ) -> Result<()>;
+
+    /// The keyed state of operator node `node_uid` in the key groups of `range` (of
+    /// `max_parallelism`), read back from the changelog, when a subtask is set up. `None`:
+    /// the changelog restores nothing and the subtask keeps what its checkpoint restored.
+    /// `Some` replaces the checkpoint's keyed state: the changelog is the truth. Blocking (it
+    /// reads from outside the process); the runtime calls it off the async workers.
+    fn restore(
+        &self,
+        _node_uid: &str,
+        _range: KeyGroupRange,
+        _max_parallelism: usize,
+    ) -> Result<Option<Vec<KeyGroupSnapshot>>> {
+        Ok(None)
+    }
 }
 
 /// The key of a changelog record: bincode 2 of `(node_uid, table, key)`, written as the

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use onceflow_runtime::state::{changelog_key, ChangelogWriter, StateChange};
+use onceflow_runtime::keygroup::KeyGroupRange;
+use onceflow_runtime::state::{changelog_key, ChangelogWriter, KeyGroupSnapshot, StateChange};
 use onceflow_runtime::CheckpointId;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -19,6 +20,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use serde::de::DeserializeOwned;
 
 use super::key::{task_of, KafkaKey};
+use super::queues::InstanceMember;
 use crate::kafka::sink::OffsetsLink;
 use crate::kafka::{ClientProperties, KafkaError};
 
@@ -27,7 +29,15 @@ pub const CHANGELOG_RECORDS: &str = "onceflow_changelog_records_total";
 /// Histogram: bytes of changelog records (keys and values) in one instance commit.
 pub const CHANGELOG_BYTES_PER_COMMIT: &str = "onceflow_changelog_bytes_per_commit";
 
+/// Counter: changelog records read back on restore, label `task` (`topic-partition`).
+pub const RESTORE_RECORDS: &str = "onceflow_restore_records_total";
+/// Histogram: seconds one operator subtask spent restoring from its changelog, label `topic`.
+pub const RESTORE_SECONDS: &str = "onceflow_restore_seconds";
+
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a restore waits without any record or partition end before it gives up.
+const RESTORE_SILENCE: Duration = Duration::from_secs(60);
 
 /// One changelog record, bound for the transaction of the checkpoint that released it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,6 +121,15 @@ pub fn changelog_topic_name(prefix: &str, node_uid: &str) -> String {
 pub struct StateChangelog {
     link: OffsetsLink,
     topics: BTreeMap<String, ChangelogTopic>,
+    restore: Option<RestoreFrom>,
+}
+
+/// Where a [`StateChangelog`] restores from: the changelog partitions of the tasks the
+/// instance's member owns when the dataflow is set up.
+struct RestoreFrom {
+    brokers: String,
+    properties: ClientProperties,
+    member: InstanceMember,
 }
 
 impl StateChangelog {
@@ -123,8 +142,111 @@ impl StateChangelog {
                 .into_iter()
                 .map(|t| (t.node_uid.clone(), t))
                 .collect(),
+            restore: None,
         }
     }
+
+    /// Restores every keyed operator subtask from its changelog when the dataflow is set up:
+    /// the partitions of the tasks `member` owns then (a task is an input partition), read
+    /// read_committed from the beginning to their end and folded, last change per key
+    /// winning. Build the dataflow after the member received its assignment.
+    pub fn restoring_from(
+        mut self,
+        brokers: impl Into<String>,
+        properties: ClientProperties,
+        member: InstanceMember,
+    ) -> Self {
+        self.restore = Some(RestoreFrom {
+            brokers: brokers.into(),
+            properties,
+            member,
+        });
+        self
+    }
+}
+
+/// Reads `partitions` of `topic` read_committed from the beginning to their end (the last
+/// stable offset), returning the changes of operator `node_uid` in log order per partition.
+fn read_changelog(
+    from: &RestoreFrom,
+    topic: &str,
+    node_uid: &str,
+    partitions: &[i32],
+    max_parallelism: usize,
+) -> crate::kafka::Result<Vec<StateChange>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::{Offset, TopicPartitionList};
+
+    if partitions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let consumer: BaseConsumer = from
+        .properties
+        .client_config(&from.brokers)
+        .set("group.id", format!("{topic}-restore"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .map_err(|e| KafkaError::client("creating the changelog restore consumer", e))?;
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)
+            .map_err(|e| KafkaError::client("building the restore assignment", e))?;
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| KafkaError::client(format!("assigning {topic} for restore"), e))?;
+    let mut at_end = std::collections::BTreeSet::new();
+    let mut changes = Vec::new();
+    let mut per_task: BTreeMap<i32, u64> = BTreeMap::new();
+    let mut last_progress = std::time::Instant::now();
+    while at_end.len() < partitions.len() {
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {
+                if last_progress.elapsed() > RESTORE_SILENCE {
+                    return Err(KafkaError::Protocol(format!(
+                        "restoring from {topic}: nothing arrived for {RESTORE_SILENCE:?} before \
+                         the end of partitions {:?}",
+                        partitions
+                            .iter()
+                            .filter(|p| !at_end.contains(*p))
+                            .collect::<Vec<_>>()
+                    )));
+                }
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                last_progress = std::time::Instant::now();
+                at_end.insert(p);
+            }
+            Some(Err(e)) => {
+                return Err(KafkaError::client(format!("restoring from {topic}"), e));
+            }
+            Some(Ok(m)) => {
+                last_progress = std::time::Instant::now();
+                at_end.remove(&m.partition());
+                let Some(key) = m.key() else { continue };
+                let (uid, change) =
+                    onceflow_runtime::state::change_from_record(key, m.payload(), max_parallelism)
+                        .map_err(|e| {
+                            KafkaError::Protocol(format!(
+                                "changelog {topic}-{} offset {}: {e}",
+                                m.partition(),
+                                m.offset()
+                            ))
+                        })?;
+                if uid == node_uid {
+                    *per_task.entry(m.partition()).or_default() += 1;
+                    changes.push(change);
+                }
+            }
+        }
+    }
+    for (task, n) in per_task {
+        metrics::counter!(RESTORE_RECORDS, "task" => format!("{topic}-{task}")).increment(n);
+    }
+    Ok(changes)
 }
 
 impl ChangelogWriter for StateChangelog {
@@ -159,6 +281,43 @@ impl ChangelogWriter for StateChangelog {
         );
         self.link.write_for_checkpoint(checkpoint, records);
         Ok(())
+    }
+
+    fn restore(
+        &self,
+        node_uid: &str,
+        range: KeyGroupRange,
+        max_parallelism: usize,
+    ) -> onceflow_runtime::Result<Option<Vec<KeyGroupSnapshot>>> {
+        let (Some(from), Some(topic)) = (&self.restore, self.topics.get(node_uid)) else {
+            return Ok(None);
+        };
+        let started = std::time::Instant::now();
+        let input = from.member.topic();
+        let tasks: Vec<i32> = from
+            .member
+            .member()
+            .owned()
+            .into_iter()
+            .filter(|tp| tp.topic == input)
+            .map(|tp| tp.partition)
+            .collect();
+        let changes = read_changelog(from, &topic.topic, node_uid, &tasks, max_parallelism)?;
+        let records = changes.len();
+        let groups: Vec<KeyGroupSnapshot> = onceflow_runtime::state::snapshots_from_changes(
+            changes.into_iter().filter(|c| range.contains(c.key_group)),
+        )?;
+        metrics::histogram!(RESTORE_SECONDS, "topic" => topic.topic.clone())
+            .record(started.elapsed().as_secs_f64());
+        tracing::info!(
+            operator = node_uid,
+            topic = %topic.topic,
+            tasks = ?tasks,
+            records,
+            key_groups = groups.len(),
+            "keyed state restored from the changelog"
+        );
+        Ok(Some(groups))
     }
 }
 

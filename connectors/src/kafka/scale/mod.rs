@@ -11,7 +11,7 @@ mod source;
 
 pub use changelog::{
     changelog_topic_name, ensure_changelog_topics, ChangelogRecord, ChangelogTopic, StateChangelog,
-    CHANGELOG_BYTES_PER_COMMIT, CHANGELOG_RECORDS,
+    CHANGELOG_BYTES_PER_COMMIT, CHANGELOG_RECORDS, RESTORE_RECORDS, RESTORE_SECONDS,
 };
 pub use key::{murmur2, task_of, KafkaKey};
 pub use member::{GroupMember, MemberConfig, RebalanceListener, TopicPartition};
