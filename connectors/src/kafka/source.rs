@@ -4,7 +4,9 @@
 //! a position starts from the earliest offset). With an [`OffsetsLink`] (both exactly-once
 //! modes) the source starts from the consumer group's committed offsets and hands its
 //! positions at each barrier to whoever commits them: the transactional-offsets sink (inside
-//! the output transaction) or the two-phase-commit checkpoint seal.
+//! the output transaction) or the two-phase-commit checkpoint seal. [`KafkaSource::in_group`]
+//! turns the source into the scaled-out one (`kafka::scale`), which reads the partitions the
+//! consumer group gives the instance instead of `p % parallelism` of all of them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

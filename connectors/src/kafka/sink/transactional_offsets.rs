@@ -5,6 +5,10 @@
 //! sends the source positions at barrier n with send_offsets_to_transaction (group metadata
 //! included, each partition's metadata `onceflow-chk=n`) and commits: output and input
 //! progress commit together. Then buffered records go into the next transaction.
+//! A scaled-out instance (`docs/SCALE-OUT.md`) also hands the link its keyed state changelog
+//! records per checkpoint ([`OffsetsLink::write_for_checkpoint`]); the commit of checkpoint n
+//! sends those of every checkpoint up to n just before the offsets, and the group metadata
+//! comes live from the instance's group member (its generation changes with each rebalance).
 //! On recovery [`committed_checkpoint`] names the checkpoint whose positions the group
 //! committed (restore exactly that one); init_transactions fences the previous instance and
 //! aborts its open transaction.
