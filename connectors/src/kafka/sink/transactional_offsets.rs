@@ -468,3 +468,33 @@ pub fn committed_checkpoint(
     }
     Ok(found)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: u8) -> ChangelogRecord {
+        ChangelogRecord {
+            topic: "t".into(),
+            partition: 0,
+            key: vec![n],
+            value: Some(vec![n]),
+        }
+    }
+
+    #[test]
+    fn changelog_records_of_a_checkpoint_that_never_committed_go_with_the_next_commit() {
+        let link = OffsetsLink::new();
+        link.write_for_checkpoint(3, vec![record(3)]);
+        link.write_for_checkpoint(1, vec![record(1)]);
+        link.write_for_checkpoint(2, vec![record(2), record(20)]);
+        link.write_for_checkpoint(2, Vec::new());
+        // checkpoint 1 failed: the commit of 2 carries 1's records first, then 2's; 3 waits
+        assert_eq!(
+            link.take_changelog_up_to(2),
+            vec![record(1), record(2), record(20)]
+        );
+        assert!(link.take_changelog_up_to(2).is_empty());
+        assert_eq!(link.take_changelog_up_to(3), vec![record(3)]);
+    }
+}
