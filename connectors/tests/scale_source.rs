@@ -193,13 +193,22 @@ async fn two_instances_read_only_their_assigned_partitions() {
 
     let source_a = KafkaSource::new(brokers.clone(), INPUT, Decoder::raw()).in_group(a.clone());
     let source_b = KafkaSource::new(brokers.clone(), INPUT, Decoder::raw()).in_group(b.clone());
+    // a with two source subtasks: its three partitions are dealt out two and one
     let mut readers = vec![
-        source_a.create(&subtask_info(0, 1, 0)).expect("a"),
+        source_a.create(&subtask_info(0, 2, 0)).expect("a0"),
+        source_a.create(&subtask_info(1, 2, 0)).expect("a1"),
         source_b.create(&subtask_info(0, 1, 0)).expect("b"),
     ];
     let got = read_all(&mut readers, RECORDS).await;
-    let read_a: BTreeSet<i32> = got[0].iter().map(|m| m.partition).collect();
-    let read_b: BTreeSet<i32> = got[1].iter().map(|m| m.partition).collect();
+    let read_a0: BTreeSet<i32> = got[0].iter().map(|m| m.partition).collect();
+    let read_a1: BTreeSet<i32> = got[1].iter().map(|m| m.partition).collect();
+    let read_b: BTreeSet<i32> = got[2].iter().map(|m| m.partition).collect();
+    assert_eq!(
+        (read_a0.len(), read_a1.len()),
+        (2, 1),
+        "a's subtasks share its partitions: {read_a0:?} / {read_a1:?}"
+    );
+    let read_a: BTreeSet<i32> = read_a0.union(&read_a1).copied().collect();
     assert_eq!(read_a, owned_a, "a reads exactly its partitions");
     assert_eq!(read_b, owned_b, "b reads exactly its partitions");
     let mut seen = BTreeSet::new();

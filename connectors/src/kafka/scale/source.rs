@@ -1,7 +1,7 @@
 //! The Kafka source of a scaled-out instance: the instance's [`InstanceMember`] owns the
-//! group subscription, and source subtask `i` of `n` reads the partition queues of the input
-//! partitions `p` with `p % n == i`, yielding records only of those the group assigned to this
-//! instance. Each partition starts where the group's committed offsets say (librdkafka reads
+//! group subscription, and its source subtasks share the partition queues of the input
+//! partitions, the ones the group assigned to the instance dealt out evenly ([`split_of`]);
+//! a subtask yields records only of partitions the instance owns. Each partition starts where the group's committed offsets say (librdkafka reads
 //! them on assignment), so checkpoint positions are not restored. At each barrier a subtask
 //! hands the next offset of every partition it read within the partition's current
 //! assignment to the [`OffsetsLink`], which commits them in the instance's transaction with
@@ -42,6 +42,30 @@ impl<T> GroupSource<T> {
     }
 }
 
+/// The partitions source subtask `index` of `parallelism` reads: the partitions the instance
+/// owns when the subtask is created are dealt out in order (the `j`-th owned one to subtask
+/// `j % parallelism`, so each subtask gets its share of what this instance was given), the
+/// others of the topic's `partitions` by `p % parallelism` (they yield records only once the
+/// group assigns them to this instance).
+fn split_of(partitions: i32, owned: &[i32], index: usize, parallelism: usize) -> Vec<i32> {
+    let mut owned: Vec<i32> = owned.iter().copied().filter(|p| *p < partitions).collect();
+    owned.sort_unstable();
+    owned.dedup();
+    let mut mine: Vec<i32> = owned
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| j % parallelism == index)
+        .map(|(_, p)| *p)
+        .collect();
+    mine.extend(
+        (0..partitions)
+            .filter(|p| owned.binary_search(p).is_err())
+            .filter(|p| (*p as usize) % parallelism == index),
+    );
+    mine.sort_unstable();
+    mine
+}
+
 /// One source subtask of a scaled-out instance.
 pub struct GroupSourceReader<T> {
     member: InstanceMember,
@@ -60,20 +84,33 @@ impl<T: Send + 'static> SourceFactory<T> for GroupSource<T> {
 
     fn create(&self, info: &SubtaskInfo) -> onceflow_runtime::Result<GroupSourceReader<T>> {
         let topic = self.member.topic().to_string();
-        let queues = (0..self.member.partitions() as i32)
-            .filter(|p| (*p as usize) % info.parallelism == info.index)
-            .filter_map(|p| {
-                self.member.queue(p).map(|q| {
-                    (
-                        TopicPartition {
-                            topic: topic.clone(),
-                            partition: p,
-                        },
-                        q,
-                    )
-                })
-            })
+        let owned: Vec<i32> = self
+            .member
+            .member()
+            .owned()
+            .into_iter()
+            .filter(|tp| tp.topic == topic)
+            .map(|tp| tp.partition)
             .collect();
+        let queues = split_of(
+            self.member.partitions() as i32,
+            &owned,
+            info.index,
+            info.parallelism,
+        )
+        .into_iter()
+        .filter_map(|p| {
+            self.member.queue(p).map(|q| {
+                (
+                    TopicPartition {
+                        topic: topic.clone(),
+                        partition: p,
+                    },
+                    q,
+                )
+            })
+        })
+        .collect();
         if let Some(link) = &self.link {
             link.register_group_member(info.parallelism, self.member.member().clone());
         }
@@ -200,5 +237,25 @@ impl<T: Send + 'static> Source<T> for GroupSourceReader<T> {
             link.record_positions(checkpoint, self.subtask, &pos);
         }
         Ok(pos)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_of;
+
+    #[test]
+    fn owned_partitions_are_dealt_out_evenly_and_every_partition_has_a_reader() {
+        // owning 0, 2, 4 of 6 with two subtasks: 0 and 4 to the first, 2 to the second
+        assert_eq!(split_of(6, &[4, 0, 2], 0, 2), vec![0, 4]);
+        assert_eq!(split_of(6, &[4, 0, 2], 1, 2), vec![1, 2, 3, 5]);
+        // owning everything: p % n, as without a group
+        assert_eq!(split_of(6, &[0, 1, 2, 3, 4, 5], 0, 2), vec![0, 2, 4]);
+        // nothing owned yet: p % n
+        assert_eq!(split_of(4, &[], 1, 2), vec![1, 3]);
+        // each partition has exactly one reader
+        let mut all: Vec<i32> = (0..3).flat_map(|i| split_of(7, &[6, 3, 1], i, 3)).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..7).collect::<Vec<_>>());
     }
 }
