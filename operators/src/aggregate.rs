@@ -52,6 +52,14 @@ where
     fn state_entries(&self) -> usize {
         self.store.entries()
     }
+
+    fn track_state_changes(&mut self) {
+        self.store.track_changes();
+    }
+
+    fn take_state_changes(&mut self) -> Result<Option<Vec<onceflow_runtime::state::StateChange>>> {
+        self.store.take_changes().map(Some)
+    }
 }
 
 impl<K: Key, T: Data> KeyedStream<K, T> {

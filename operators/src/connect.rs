@@ -100,6 +100,14 @@ impl<K: Key, A: Data, B: Data, O: Data, F: KeyedCoProcessFunction<K, A, B, O>>
     fn state_entries(&self) -> usize {
         self.store.entries()
     }
+
+    fn track_state_changes(&mut self) {
+        self.store.track_changes();
+    }
+
+    fn take_state_changes(&mut self) -> Result<Option<Vec<onceflow_runtime::state::StateChange>>> {
+        self.store.take_changes().map(Some)
+    }
 }
 
 impl<K: Key, A: Data, B: Data> KeyedConnectedStreams<K, A, B> {

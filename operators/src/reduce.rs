@@ -45,6 +45,14 @@ impl<K: Key, T: Data, F: Fn(&T, T) -> T + Send + Sync + 'static> Operator<T, T>
     fn state_entries(&self) -> usize {
         self.store.entries()
     }
+
+    fn track_state_changes(&mut self) {
+        self.store.track_changes();
+    }
+
+    fn take_state_changes(&mut self) -> Result<Option<Vec<onceflow_runtime::state::StateChange>>> {
+        self.store.take_changes().map(Some)
+    }
 }
 
 impl<K: Key, T: Data> KeyedStream<K, T> {

@@ -79,6 +79,9 @@ pub struct JobConfig {
     pub checkpoint_listener: Option<CheckpointListener>,
     /// Optional seal run between "metadata durable" and "complete".
     pub completion_hook: Option<Arc<dyn CompletionHook>>,
+    /// Optional changelog of keyed state: keyed operators hand it their changes at every
+    /// barrier.
+    pub state_changelog: Option<Arc<dyn crate::state::ChangelogWriter>>,
 }
 
 impl Default for JobConfig {
@@ -98,6 +101,7 @@ impl Default for JobConfig {
             worker_threads: 0,
             checkpoint_listener: None,
             completion_hook: None,
+            state_changelog: None,
         }
     }
 }
@@ -180,6 +184,13 @@ impl JobConfig {
     /// Seals every checkpoint with `hook` before it is published as complete.
     pub fn completion_hook(mut self, hook: Arc<dyn CompletionHook>) -> Self {
         self.completion_hook = Some(hook);
+        self
+    }
+
+    /// Hands the keyed state changes of every keyed operator subtask to `writer` at each
+    /// barrier.
+    pub fn state_changelog(mut self, writer: Arc<dyn crate::state::ChangelogWriter>) -> Self {
+        self.state_changelog = Some(writer);
         self
     }
 

@@ -193,6 +193,7 @@ impl StreamEnvironment {
             storage: storage.clone(),
             batch_size: config.batch_size,
             externally_sealed: config.completion_hook.is_some(),
+            changelog: config.state_changelog.clone(),
         });
 
         // set up every subtask; sinks recover here, before anything runs

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use crate::channel::{DirectReceiver, InputGate, InputReceiver, MappedReceiver};
 use crate::connector::{Sink, SinkFactory, Source, SourceFactory, SubtaskInfo};
 use crate::element::{CheckpointId, Data, StreamElement};
+use crate::keygroup::KeyGroupRange;
 use crate::operator::Operator;
 use crate::output::{EdgeWriter, Output, Partitioning};
 use crate::state::format::decode;
@@ -235,12 +236,30 @@ impl<In: Data, Out: Data, Op: Operator<In, Out>> NodeRunner for OperatorRunner<I
         Box::pin(async move {
             let ctx = TaskContext::new(setup.info, setup.services);
             let mut op = factory(&ctx.info).map_err(|e| ctx.op_err(e))?;
-            if let Some(r) = setup.restored {
-                op.restore(RestoredState {
-                    key_groups: r.key_groups,
-                    operator_states: r.operator_states,
-                })
-                .map_err(|e| ctx.op_err(e))?;
+            let mut restored = setup.restored.map(|r| RestoredState {
+                key_groups: r.key_groups,
+                operator_states: r.operator_states,
+            });
+            if let Some(changelog) = ctx.services.changelog.clone() {
+                op.track_state_changes();
+                let uid = ctx.info.node_uid.clone();
+                let max = ctx.info.max_parallelism;
+                let range = KeyGroupRange::for_subtask(max, ctx.info.parallelism, ctx.info.index);
+                let from_changelog =
+                    tokio::task::spawn_blocking(move || changelog.restore(&uid, range, max))
+                        .await
+                        .map_err(|e| Error::Internal(format!("changelog restore task: {e}")))?
+                        .map_err(|e| ctx.op_err(e))?;
+                if let Some(key_groups) = from_changelog {
+                    let operator_states = restored.take().map(|r| r.operator_states);
+                    restored = Some(RestoredState {
+                        key_groups,
+                        operator_states: operator_states.unwrap_or_default(),
+                    });
+                }
+            }
+            if let Some(r) = restored {
+                op.restore(r).map_err(|e| ctx.op_err(e))?;
             }
             op.open(&ctx.info).map_err(|e| ctx.op_err(e))?;
             let gate = downcast_inputs::<In>(setup.inputs)?;

@@ -32,6 +32,13 @@ pub fn stable_key_hash<K: Serialize + ?Sized>(key: &K) -> u64 {
     })
 }
 
+/// The key group of a key given as its bincode `standard()` encoding (what a changelog
+/// record carries) among `max_parallelism` groups: the same group as [`key_group_for`] of the
+/// key itself.
+pub fn key_group_of_encoded(encoded: &[u8], max_parallelism: usize) -> u16 {
+    (xxhash_rust::xxh3::xxh3_64(encoded) % max_parallelism as u64) as u16
+}
+
 /// The key group of `key` among `max_parallelism` groups.
 pub fn key_group_for<K: Serialize + ?Sized>(key: &K, max_parallelism: usize) -> u16 {
     (stable_key_hash(key) % max_parallelism as u64) as u16

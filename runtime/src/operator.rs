@@ -3,7 +3,7 @@
 
 use crate::connector::SubtaskInfo;
 use crate::element::{CheckpointId, Watermark};
-use crate::state::{OperatorSnapshot, RestoredState};
+use crate::state::{OperatorSnapshot, RestoredState, StateChange};
 use crate::Result;
 
 /// One subtask of a one-input operator (two-input operators take [`crate::TwoInputs`]).
@@ -61,5 +61,18 @@ pub trait Operator<In, Out>: Send + 'static {
     /// Entries of keyed state held (for the state-size metric).
     fn state_entries(&self) -> usize {
         0
+    }
+
+    /// The job writes a changelog of keyed state: start recording which keys change. Called
+    /// once, before `restore`. Keyed operators forward it to their
+    /// [`crate::state::KeyedStateStore::track_changes`].
+    fn track_state_changes(&mut self) {}
+
+    /// The keyed state changes since the previous call (see
+    /// [`crate::state::KeyedStateStore::take_changes`]); called at each aligned barrier after
+    /// [`Operator::snapshot`] when the job writes a changelog. `None`: the operator holds no
+    /// keyed state.
+    fn take_state_changes(&mut self) -> Result<Option<Vec<StateChange>>> {
+        Ok(None)
     }
 }

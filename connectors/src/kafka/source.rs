@@ -4,7 +4,9 @@
 //! a position starts from the earliest offset). With an [`OffsetsLink`] (both exactly-once
 //! modes) the source starts from the consumer group's committed offsets and hands its
 //! positions at each barrier to whoever commits them: the transactional-offsets sink (inside
-//! the output transaction) or the two-phase-commit checkpoint seal.
+//! the output transaction) or the two-phase-commit checkpoint seal. [`KafkaSource::in_group`]
+//! turns the source into the scaled-out one (`kafka::scale`), which reads the partitions the
+//! consumer group gives the instance instead of `p % parallelism` of all of them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -91,6 +93,22 @@ impl<T> KafkaSource<T> {
     pub fn transactional_offsets(mut self, link: OffsetsLink) -> Self {
         self.link = Some(link);
         self
+    }
+
+    /// Scaled-out mode (`docs/SCALE-OUT.md`): the instance's group member owns the
+    /// subscription and each source subtask reads the partition queues of the partitions the
+    /// group assigned to the instance. The member's input topic replaces this source's topic;
+    /// brokers, group and consumer properties are the member's. With an [`OffsetsLink`] the
+    /// positions and the member's group metadata go to the transactional-offsets sink.
+    pub fn in_group(self, member: super::scale::InstanceMember) -> super::scale::GroupSource<T> {
+        if member.topic() != self.topic {
+            tracing::warn!(
+                source_topic = %self.topic,
+                member_topic = member.topic(),
+                "the scaled-out source reads the member's input topic"
+            );
+        }
+        super::scale::GroupSource::new(member, self.decoder, self.link)
     }
 }
 

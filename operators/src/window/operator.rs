@@ -323,4 +323,12 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> Operator<T, WindowOutput<K, F::Ou
     fn state_entries(&self) -> usize {
         self.store.entries()
     }
+
+    fn track_state_changes(&mut self) {
+        self.store.track_changes();
+    }
+
+    fn take_state_changes(&mut self) -> Result<Option<Vec<onceflow_runtime::state::StateChange>>> {
+        self.store.take_changes().map(Some)
+    }
 }

@@ -190,6 +190,13 @@ impl<K: Key> KeyedStateStore<K> {
         self
     }
 
+    /// Starts recording which keys change (as [`KeyedStateStore::tracking_changes`]), for a
+    /// store already built. Call it before the first table is used: tables used earlier do not
+    /// track.
+    pub fn track_changes(&mut self) {
+        self.track_changes = true;
+    }
+
     /// Names the operator subtask owning the store; errors about its state name it.
     pub fn owned_by(mut self, operator: &str, subtask: usize) -> Self {
         self.owner = format!("{operator}[{subtask}]");

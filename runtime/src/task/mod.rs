@@ -57,6 +57,8 @@ pub(crate) struct TaskServices {
     /// seal in Kafka): a failed seal may still have committed, so sinks never abort a
     /// pre-commit on their own; the next start's recovery decides.
     pub externally_sealed: bool,
+    /// Where keyed operators write their state changes at each barrier, if anywhere.
+    pub changelog: Option<Arc<dyn crate::state::ChangelogWriter>>,
 }
 
 /// Everything one subtask loop needs besides its inputs and outputs.

@@ -87,6 +87,23 @@ pub(crate) async fn run_operator<In: Data, Out: Data, Op: Operator<In, Out>>(
                     snap.operator_state = s.operator_state;
                     snap
                 });
+                // the changes released by this barrier reach the changelog before the barrier
+                // is acknowledged, so they are there when the checkpoint completes
+                let snap = match (&ctx.services.changelog, snap) {
+                    (Some(changelog), Ok(snap)) => op
+                        .take_state_changes()
+                        .and_then(|changes| match changes {
+                            Some(changes) => changelog.write_for_checkpoint(
+                                id,
+                                &ctx.info.node_uid,
+                                ctx.info.index,
+                                changes,
+                            ),
+                            None => Ok(()),
+                        })
+                        .map(|()| snap),
+                    (_, snap) => snap,
+                };
                 ctx.metrics.state_entries.set(op.state_entries() as f64);
                 ctx.persist_and_ack(id, snap);
                 output.broadcast(|| StreamElement::Barrier(barrier)).await?;

@@ -5,11 +5,13 @@
 //! librdkafka releases the partitions, so whatever is open for them (the instance's
 //! transaction) is committed or aborted before another instance can own them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{
     BaseConsumer, Consumer, ConsumerContext, ConsumerGroupMetadata, Rebalance,
 };
@@ -69,7 +71,10 @@ pub trait RebalanceListener: Send + Sync + 'static {
 /// The consumer context of a [`GroupMember`]: keeps the owned set and calls the listener.
 pub struct MemberContext {
     instance: String,
-    owned: Mutex<BTreeSet<TopicPartition>>,
+    /// Owned partitions, each with the number of the assignment that gave it to this
+    /// instance (assignments are numbered from 1 in the order this instance received them).
+    owned: Mutex<BTreeMap<TopicPartition, u64>>,
+    assignments: AtomicU64,
     listener: Arc<dyn RebalanceListener>,
 }
 
@@ -77,6 +82,14 @@ impl ClientContext for MemberContext {}
 
 impl ConsumerContext for MemberContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            // owned before librdkafka starts fetching them, so a record is never read from a
+            // partition the owned set does not name yet
+            let seq = self.assignments.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut owned = self.owned.lock();
+            owned.extend(partitions_of(tpl).into_iter().map(|p| (p, seq)));
+            metrics::gauge!(TASKS_OWNED).set(owned.len() as f64);
+        }
         if let Rebalance::Revoke(tpl) = rebalance {
             let partitions = partitions_of(tpl);
             let lost = consumer.assignment_lost();
@@ -103,11 +116,6 @@ impl ConsumerContext for MemberContext {
         match rebalance {
             Rebalance::Assign(tpl) => {
                 let partitions = partitions_of(tpl);
-                {
-                    let mut owned = self.owned.lock();
-                    owned.extend(partitions.iter().cloned());
-                    metrics::gauge!(TASKS_OWNED).set(owned.len() as f64);
-                }
                 metrics::counter!(REBALANCES, "kind" => "assigned").increment(1);
                 tracing::info!(
                     instance = %self.instance,
@@ -170,7 +178,7 @@ impl MemberConfig {
 
 /// One instance's membership of the job's consumer group, and its read_committed consumer.
 pub struct GroupMember {
-    consumer: BaseConsumer<MemberContext>,
+    consumer: Arc<BaseConsumer<MemberContext>>,
 }
 
 impl GroupMember {
@@ -199,7 +207,8 @@ impl GroupMember {
             .set("auto.offset.reset", "earliest");
         let context = MemberContext {
             instance: config.instance_id.clone(),
-            owned: Mutex::new(BTreeSet::new()),
+            owned: Mutex::new(BTreeMap::new()),
+            assignments: AtomicU64::new(0),
             listener,
         };
         let consumer: BaseConsumer<MemberContext> = cfg
@@ -215,7 +224,9 @@ impl GroupMember {
             topics = ?config.topics,
             "joined the job's group"
         );
-        Ok(GroupMember { consumer })
+        Ok(GroupMember {
+            consumer: Arc::new(consumer),
+        })
     }
 
     /// Polls for a record; rebalance callbacks run inside this call.
@@ -228,7 +239,61 @@ impl GroupMember {
 
     /// The partitions this instance owns now.
     pub fn owned(&self) -> BTreeSet<TopicPartition> {
-        self.consumer.context().owned.lock().clone()
+        self.consumer
+            .context()
+            .owned
+            .lock()
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// The number of the assignment that gave `partition` to this instance, `None` if the
+    /// instance does not own it. A position read before the partition's current assignment
+    /// is stale: another instance may have moved the partition on in between.
+    pub fn assignment_of(&self, partition: &TopicPartition) -> Option<u64> {
+        self.consumer.context().owned.lock().get(partition).copied()
+    }
+
+    /// The number of the latest assignment this instance received (0 before the first).
+    pub fn latest_assignment(&self) -> u64 {
+        self.consumer.context().assignments.load(Ordering::SeqCst)
+    }
+
+    /// Routes the records of `topic`/`partition` to a queue of their own, polled by whoever
+    /// holds it (a source subtask) instead of [`GroupMember::poll`]. Call it before the first
+    /// poll: records fetched earlier still arrive through the main poll. The split stays in
+    /// force across later assignments of the partition (librdkafka does not forward a queue
+    /// the application has redirected). `None` if the topic name is not a C string or the
+    /// client refuses.
+    pub fn split_partition_queue(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Option<PartitionQueue<MemberContext>> {
+        self.consumer.split_partition_queue(topic, partition)
+    }
+
+    /// The number of partitions of `topic`, read from the cluster's metadata.
+    pub fn partition_count(&self, topic: &str, timeout: Duration) -> Result<usize, KafkaError> {
+        let md = self
+            .consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| KafkaError::client(format!("reading metadata of topic {topic}"), e))?;
+        let t = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .ok_or_else(|| KafkaError::Config(format!("topic {topic} not found")))?;
+        if let Some(e) = t.error() {
+            return Err(KafkaError::Config(format!("topic {topic}: {e:?}")));
+        }
+        if t.partitions().is_empty() {
+            return Err(KafkaError::Config(format!(
+                "topic {topic} has no partitions"
+            )));
+        }
+        Ok(t.partitions().len())
     }
 
     /// The group metadata (member id, generation) to send with the instance's offsets in its
@@ -255,7 +320,7 @@ impl GroupMember {
     /// member (one with a `group.instance.id`) does not leave the group on close: its
     /// partitions move to other instances after its session timeout, or come back to it when
     /// it rejoins under the same instance id before that.
-    pub fn close(self) {
+    pub fn close(&self) {
         if let Err(e) = self.consumer.close_queue() {
             tracing::warn!(error = %e, "closing the group member");
             return;

@@ -141,6 +141,40 @@ pub fn send(p: &Prod, default_topic: &str, r: &SinkRecord) -> Result<()> {
     }
 }
 
+/// Sends one record to an explicit partition (a changelog record: `value` `None` is a
+/// tombstone), polling while the local queue is full.
+pub fn send_to_partition(
+    p: &Prod,
+    topic: &str,
+    partition: i32,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> Result<()> {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let mut rec: BaseRecord<'_, [u8], [u8]> =
+            BaseRecord::to(topic).partition(partition).key(key);
+        if let Some(v) = value {
+            rec = rec.payload(v);
+        }
+        match p.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
+                if Instant::now()
+                    < *deadline.get_or_insert_with(|| Instant::now() + QUEUE_FULL_LIMIT) =>
+            {
+                serve_then_sleep(p);
+            }
+            Err((e, _)) => {
+                return Err(KafkaError::client(
+                    format!("producing to {topic}-{partition}"),
+                    e,
+                ))
+            }
+        }
+    }
+}
+
 /// Serves delivery reports until nothing is in flight (or `timeout`). Blocking, without
 /// spinning: it sleeps in steps of 1 ms while records await their acks.
 pub fn drain(p: &Prod, timeout: Duration) -> Result<()> {

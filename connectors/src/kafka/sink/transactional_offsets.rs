@@ -5,6 +5,10 @@
 //! sends the source positions at barrier n with send_offsets_to_transaction (group metadata
 //! included, each partition's metadata `onceflow-chk=n`) and commits: output and input
 //! progress commit together. Then buffered records go into the next transaction.
+//! A scaled-out instance (`docs/SCALE-OUT.md`) also hands the link its keyed state changelog
+//! records per checkpoint ([`OffsetsLink::write_for_checkpoint`]); the commit of checkpoint n
+//! sends those of every checkpoint up to n just before the offsets, and the group metadata
+//! comes live from the instance's group member (its generation changes with each rebalance).
 //! On recovery [`committed_checkpoint`] names the checkpoint whose positions the group
 //! committed (restore exactly that one); init_transactions fences the previous instance and
 //! aborts its open transaction.
@@ -21,6 +25,9 @@ use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::super::config::KafkaSinkConfig;
+use super::super::scale::{
+    ChangelogRecord, GroupMember, CHANGELOG_BYTES_PER_COMMIT, CHANGELOG_RECORDS,
+};
 use super::super::source::KafkaPosition;
 use super::super::{metrics as m, KafkaError};
 use super::producer::{self, blocking, Ctx, Prod};
@@ -33,6 +40,12 @@ const CHK_META_PREFIX: &str = "onceflow-chk=";
 struct LinkState {
     source_parallelism: usize,
     group_metadata: Option<Arc<ConsumerGroupMetadata>>,
+    /// Scaled-out mode: the instance's group member, asked for its metadata at every commit
+    /// (the generation changes with each rebalance).
+    group_member: Option<Arc<GroupMember>>,
+    /// Changelog records per checkpoint whose barrier released them, until that checkpoint
+    /// (or a later one) commits.
+    changelog: BTreeMap<CheckpointId, Vec<ChangelogRecord>>,
     positions: BTreeMap<CheckpointId, BTreeMap<usize, KafkaPosition>>,
     /// When the first source subtask reached each barrier.
     barrier_at: BTreeMap<CheckpointId, Instant>,
@@ -99,6 +112,36 @@ impl OffsetsLink {
         }
     }
 
+    pub(crate) fn register_group_member(&self, parallelism: usize, member: Arc<GroupMember>) {
+        let mut s = self.0.state.lock();
+        s.source_parallelism = parallelism;
+        s.group_member = Some(member);
+    }
+
+    /// Records released by barrier `checkpoint` (the keyed state changes of an operator
+    /// subtask): they go into the transaction that commits `checkpoint`, with its output and
+    /// offsets. Records of a checkpoint that never completes go with the next one that does.
+    pub fn write_for_checkpoint(&self, checkpoint: CheckpointId, records: Vec<ChangelogRecord>) {
+        if records.is_empty() {
+            return;
+        }
+        self.0
+            .state
+            .lock()
+            .changelog
+            .entry(checkpoint)
+            .or_default()
+            .extend(records);
+    }
+
+    /// Takes the changelog records of every checkpoint up to `checkpoint`, oldest first.
+    fn take_changelog_up_to(&self, checkpoint: CheckpointId) -> Vec<ChangelogRecord> {
+        let mut st = self.0.state.lock();
+        let later = st.changelog.split_off(&(checkpoint + 1));
+        let upto = std::mem::replace(&mut st.changelog, later);
+        upto.into_values().flatten().collect()
+    }
+
     pub(crate) fn record_positions(
         &self,
         checkpoint: CheckpointId,
@@ -152,7 +195,12 @@ impl OffsetsLink {
                     st.source_parallelism
                 )));
             }
-            let Some(gm) = st.group_metadata.clone() else {
+            let live = st
+                .group_member
+                .as_ref()
+                .and_then(|m| m.group_metadata())
+                .map(Arc::new);
+            let Some(gm) = live.or_else(|| st.group_metadata.clone()) else {
                 return Err(KafkaError::Config(
                     "the source has no consumer group metadata".into(),
                 ));
@@ -297,6 +345,18 @@ impl OffsetsWriter {
                 inst.records_in_txn += recs.len() as u64;
             }
         }
+        let changelog = self.link.take_changelog_up_to(checkpoint);
+        let mut changelog_bytes = 0usize;
+        for r in &changelog {
+            producer::send_to_partition(
+                &inst.producer,
+                &r.topic,
+                r.partition,
+                &r.key,
+                r.value.as_deref(),
+            )?;
+            changelog_bytes += r.size();
+        }
         let p = inst.producer.clone();
         let t0 = Instant::now();
         let r = blocking(move || -> std::result::Result<(), (bool, String)> {
@@ -330,6 +390,10 @@ impl OffsetsWriter {
         metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "transactional-offsets")
             .record(t0.elapsed().as_secs_f64());
         metrics::histogram!(m::RECORDS_PER_TXN).record(inst.records_in_txn as f64);
+        if !changelog.is_empty() {
+            metrics::counter!(CHANGELOG_RECORDS).increment(changelog.len() as u64);
+            metrics::histogram!(CHANGELOG_BYTES_PER_COMMIT).record(changelog_bytes as f64);
+        }
         inst.committed = checkpoint;
         inst.records_in_txn = 0;
         inst.since = Instant::now();
@@ -403,4 +467,34 @@ pub fn committed_checkpoint(
         found = Some(found.map_or(c, |f| f.max(c)));
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: u8) -> ChangelogRecord {
+        ChangelogRecord {
+            topic: "t".into(),
+            partition: 0,
+            key: vec![n],
+            value: Some(vec![n]),
+        }
+    }
+
+    #[test]
+    fn changelog_records_of_a_checkpoint_that_never_committed_go_with_the_next_commit() {
+        let link = OffsetsLink::new();
+        link.write_for_checkpoint(3, vec![record(3)]);
+        link.write_for_checkpoint(1, vec![record(1)]);
+        link.write_for_checkpoint(2, vec![record(2), record(20)]);
+        link.write_for_checkpoint(2, Vec::new());
+        // checkpoint 1 failed: the commit of 2 carries 1's records first, then 2's; 3 waits
+        assert_eq!(
+            link.take_changelog_up_to(2),
+            vec![record(1), record(2), record(20)]
+        );
+        assert!(link.take_changelog_up_to(2).is_empty());
+        assert_eq!(link.take_changelog_up_to(3), vec![record(3)]);
+    }
 }
