@@ -34,11 +34,16 @@ ALL=(
   onceflow:eos_sigint
   onceflow:eos_windowed_takeover
   onceflow:jobs_page
+  onceflow:eos_security
   onceflow-connectors:crash_exactly_once
   onceflow-connectors:window_crash
   onceflow-connectors:recovery
   onceflow-connectors:kafka_two_phase
   onceflow-connectors:completion_hook
+  onceflow-connectors:scale_member
+  onceflow-connectors:scale_source
+  onceflow-connectors:scale_changelog
+  onceflow-connectors:scale_restore
   onceflow-broker:restart
   onceflow-broker:storage_kill9
   onceflow-broker:storage_crash
@@ -51,6 +56,7 @@ ALL=(
   onceflow-connectors:operators_api
   onceflow-runtime:runtime_alignment
   onceflow-runtime:runtime_metrics
+  onceflow-runtime:stop_during_setup
 )
 
 runs=20
