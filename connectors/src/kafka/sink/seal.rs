@@ -59,7 +59,7 @@ impl CheckpointSeal {
     pub fn fence_previous(cfg: &KafkaSinkConfig, link: OffsetsLink) -> super::super::Result<Self> {
         let id = seal_transactional_id(&cfg.transactional_id_prefix);
         let (p, _ctx) = producer::create(cfg, Some(&id), false)?;
-        p.init_transactions(TXN_CALL_TIMEOUT)
+        producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
             .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
         metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
         tracing::info!(transactional_id = %id, "checkpoint seal ready: older instances can no longer complete checkpoints");

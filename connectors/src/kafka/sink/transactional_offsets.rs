@@ -231,7 +231,7 @@ impl OffsetsLink {
 fn new_instance(cfg: &KafkaSinkConfig, parallelism: usize) -> super::super::Result<Instance> {
     let id = format!("{}-offsets", cfg.transactional_id_prefix);
     let (p, ctx) = producer::create(cfg, Some(&id), false)?;
-    p.init_transactions(TXN_CALL_TIMEOUT)
+    producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
         .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
     p.begin_transaction()
         .map_err(|e| KafkaError::client("begin_transaction", e))?;

@@ -148,7 +148,7 @@ fn txn_id(prefix: &str, subtask: usize, slot: usize) -> String {
 /// Blocking.
 fn make_producer(cfg: &KafkaSinkConfig, id: &str) -> super::super::Result<Made> {
     let (p, ctx) = producer::create(cfg, Some(id), false)?;
-    let ids = producer::init_and_learn(&p, &ctx, TXN_CALL_TIMEOUT)?;
+    let ids = producer::init_and_learn(&p, &ctx, &cfg.default_topic, TXN_CALL_TIMEOUT)?;
     Ok((p, ctx, ids))
 }
 
@@ -276,7 +276,7 @@ impl TwoPhaseWriter {
                         let idc = id.clone();
                         blocking(move || -> super::super::Result<()> {
                             let (p, _ctx) = producer::create(&cfg, Some(&idc), false)?;
-                            p.init_transactions(TXN_CALL_TIMEOUT)
+                            producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
                                 .map_err(|e| KafkaError::client(format!("fencing {idc}"), e))
                         })
                         .await??;
