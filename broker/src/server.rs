@@ -75,6 +75,28 @@ pub fn release_request_order() {
     let _ = ORDER_GATE.try_with(|gate| gate.fire(true));
 }
 
+/// The running request's order gate, taken out of the request so that another thread (a
+/// blocking task) can release it; see [`take_request_order`].
+pub struct RequestOrder(oneshot::Sender<bool>);
+
+impl RequestOrder {
+    /// Lets the connection start its next request, as [`release_request_order`] does.
+    pub fn release(self) {
+        let _ = self.0.send(true);
+    }
+}
+
+/// Takes the running request's order gate, to be released later from outside the request's
+/// task ([`RequestOrder::release`]). If it is dropped unreleased, the connection closes after
+/// this request. `None` outside a connection's request or once the gate has fired.
+pub fn take_request_order() -> Option<RequestOrder> {
+    ORDER_GATE
+        .try_with(|gate| gate.0.lock().unwrap_or_else(|p| p.into_inner()).take())
+        .ok()
+        .flatten()
+        .map(RequestOrder)
+}
+
 /// A running broker. Dropping it leaves the broker running until the runtime ends; call
 /// [`BrokerHandle::shutdown`] to stop it and flush the log.
 pub struct BrokerHandle {
