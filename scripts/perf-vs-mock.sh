@@ -12,11 +12,15 @@
 #                from ours (the mock keeps only the last 5 MB of each partition, so the records
 #                are spread over many partitions to fit)
 # A fresh broker (and data directory) per run keeps runs independent.
+# With BASE_BIN set, a second broker build (e.g. the previous commit's) runs beside the first
+# in every repetition, as targets base-memory and base-durable, for before/after ratios taken
+# side by side.
 #
 # Usage: scripts/perf-vs-mock.sh [-n REPEATS] [-s COUNT_100B] [-l COUNT_1KIB] [-f COUNT_FETCH]
 # Environment: LIBRDKAFKA_DIR (default /work/librdkafka: a built librdkafka tree with
 # src/librdkafka.so and examples/rdkafka_performance.c), BROKER_BIN (skip the cargo build),
-# RUN_TIMEOUT seconds per run (default 120).
+# BASE_BIN (a second broker build to compare, see above), RUN_TIMEOUT seconds per run
+# (default 120).
 set -euo pipefail
 
 REPEATS=3
@@ -79,10 +83,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# start_broker memory|durable [PARTITIONS]: starts a fresh broker, sets BROKER_ADDR.
+# start_broker [base-]memory|[base-]durable [PARTITIONS]: starts a fresh broker (BASE_BIN for
+# the base- kinds), sets BROKER_ADDR.
 start_broker() {
+    local bin=$BROKER_BIN
+    [[ $1 == base-* ]] && bin=$BASE_BIN
     local args=(--listen 127.0.0.1:0 --default-partitions "${2:-1}")
-    if [[ $1 == memory ]]; then
+    if [[ ${1#base-} == memory ]]; then
         args+=(--in-memory)
     else
         DATA_DIR=$(mktemp -d "$WORK/data.XXXXXX")
@@ -90,7 +97,7 @@ start_broker() {
     fi
     local out=$WORK/broker.out
     : >"$out"
-    "$BROKER_BIN" "${args[@]}" >"$out" 2>"$WORK/broker.err" &
+    "$bin" "${args[@]}" >"$out" 2>"$WORK/broker.err" &
     BROKER_PID=$!
     for _ in $(seq 200); do
         if grep -q "listening on" "$out"; then
@@ -172,6 +179,11 @@ record() { RESULTS[$1]="${RESULTS[$1]:-} $2"; }
 # --- runs -----------------------------------------------------------------------------------
 echo "rdkafka_performance: $("$PERF" -h 2>&1 | grep -m1 'librdkafka version' || true)"
 echo "broker: $BROKER_BIN"
+KINDS=(memory durable)
+if [[ -n ${BASE_BIN:-} ]]; then
+    echo "base broker: $BASE_BIN"
+    KINDS=(base-memory memory base-durable durable)
+fi
 for rep in $(seq "$REPEATS"); do
     for size in 100 1024; do
         count=$COUNT_SMALL
@@ -179,7 +191,7 @@ for rep in $(seq "$REPEATS"); do
         log=$WORK/run.log
         produce "$size" "$count" "perf-$size" mock "$log"
         record "produce $size B|mock" "$(rate_of "$log" "$count")"
-        for kind in memory durable; do
+        for kind in "${KINDS[@]}"; do
             start_broker "$kind"
             produce "$size" "$count" "perf-$size" "$BROKER_ADDR" "$log"
             record "produce $size B|$kind" "$(rate_of "$log" "$count")"
@@ -187,7 +199,7 @@ for rep in $(seq "$REPEATS"); do
         done
     done
     # Fetch: fill a many-partition topic (records spread at random), then read it all.
-    for kind in mock memory durable; do
+    for kind in mock "${KINDS[@]}"; do
         if [[ $kind == mock ]]; then
             start_mock perf-fetch "$FETCH_PARTITIONS"
             addr=$MOCK_ADDR
@@ -211,12 +223,12 @@ median() { tr ' ' '\n' | { grep -E '^[0-9]+$' || true; } | sort -n | awk '{a[NR]
 echo
 echo "records/s per run; median; MB/s of payload at the median; ratio = median / mock's median"
 echo "(machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); other processes may share it)"
-printf '%-28s %-8s %-32s %10s %8s %7s\n' case target runs median MB/s ratio
+printf '%-28s %-12s %-32s %10s %8s %7s\n' case target runs median MB/s ratio
 for case_ in "produce 100 B" "produce 1024 B" "fetch 1024 B"; do
     size=100
     [[ $case_ == *1024* ]] && size=1024
     mock_median=$(echo "${RESULTS["$case_|mock"]:-}" | median)
-    for kind in mock memory durable; do
+    for kind in mock "${KINDS[@]}"; do
         runs=${RESULTS["$case_|$kind"]:-}
         [[ -z $runs ]] && continue
         m=$(echo "$runs" | median)
@@ -225,6 +237,6 @@ for case_ in "produce 100 B" "produce 1024 B" "fetch 1024 B"; do
         if [[ $mock_median != 0 ]]; then
             ratio=$(awk -v r="$m" -v b="$mock_median" 'BEGIN {printf "%.2fx", r / b}')
         fi
-        printf '%-28s %-8s %-32s %10s %8s %7s\n' "$case_" "$kind" "${runs# }" "$m" "$mbs" "$ratio"
+        printf '%-28s %-12s %-32s %10s %8s %7s\n' "$case_" "$kind" "${runs# }" "$m" "$mbs" "$ratio"
     done
 done

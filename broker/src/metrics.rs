@@ -1,7 +1,9 @@
 //! Broker metrics (the `metrics` facade) and the Prometheus text endpoint.
 //!
 //! Names: `onceflow_broker_requests_total{api,outcome}`,
-//! `onceflow_broker_request_duration_seconds{api}`, `onceflow_broker_bytes_in_total`,
+//! `onceflow_broker_request_duration_seconds{api}` (handling),
+//! `onceflow_broker_request_turnaround_seconds{api}` (frame read to answer written),
+//! `onceflow_broker_bytes_in_total`,
 //! `onceflow_broker_bytes_out_total`, `onceflow_broker_partition_errors_total{api,code}`,
 //! `onceflow_broker_log_end_offset{topic,partition}`, `onceflow_broker_connections`.
 //! Without `--metrics-listen` no recorder is installed and recording costs next to nothing.
@@ -22,6 +24,12 @@ pub fn request_done(api: &'static str, outcome: &'static str, seconds: f64) {
     metrics::counter!("onceflow_broker_requests_total", "api" => api, "outcome" => outcome)
         .increment(1);
     metrics::histogram!("onceflow_broker_request_duration_seconds", "api" => api).record(seconds);
+}
+
+/// Records how long a request took from its frame being read off the socket to its answer
+/// being written (handling plus waiting for the answers before it).
+pub fn request_turnaround(api: &'static str, seconds: f64) {
+    metrics::histogram!("onceflow_broker_request_turnaround_seconds", "api" => api).record(seconds);
 }
 
 /// Counts bytes received in request frames.

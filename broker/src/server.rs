@@ -1,6 +1,7 @@
 //! The network side: [`start`] binds the listener and runs one task per connection; each
-//! connection answers its requests strictly in order (a reader task keeps decoding frames
-//! while a request is handled, so pipelined requests do not wait for the socket).
+//! connection answers its requests strictly in order. The connection's task reads the
+//! frames, runs the handlers and writes the answers itself: a request that waits for nothing
+//! else costs one wake-up, not one per task it passes through.
 //!
 //! Requests of a connection are handled one after the other, except that a handler may call
 //! [`release_request_order`] once everything that orders it before the next request is done
@@ -8,14 +9,18 @@
 //! starts while it finishes. Responses are still written in request order.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -35,11 +40,9 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for in-flight requests before dropping connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// Frames read ahead of the request being handled, per connection.
-const PIPELINE_DEPTH: usize = 64;
-
-/// Bytes of frames read ahead per connection (one larger frame may be read alone), so a
-/// pipelining client cannot make the broker buffer `PIPELINE_DEPTH` maximum-size frames.
+/// Bytes of request frames a connection holds while their requests are handled or answered
+/// (a frame is read while fewer are held), so a pipelining client cannot make the broker
+/// keep `MAX_IN_FLIGHT` maximum-size frames.
 const READ_AHEAD_BYTES: usize = 8 * 1024 * 1024;
 
 /// Requests of one connection in flight at once (handled or waiting to be written).
@@ -70,6 +73,28 @@ impl OrderGate {
 /// connection's request (tests calling a handler directly) it does nothing.
 pub fn release_request_order() {
     let _ = ORDER_GATE.try_with(|gate| gate.fire(true));
+}
+
+/// The running request's order gate, taken out of the request so that another thread (a
+/// blocking task) can release it; see [`take_request_order`].
+pub struct RequestOrder(oneshot::Sender<bool>);
+
+impl RequestOrder {
+    /// Lets the connection start its next request, as [`release_request_order`] does.
+    pub fn release(self) {
+        let _ = self.0.send(true);
+    }
+}
+
+/// Takes the running request's order gate, to be released later from outside the request's
+/// task ([`RequestOrder::release`]). If it is dropped unreleased, the connection closes after
+/// this request. `None` outside a connection's request or once the gate has fired.
+pub fn take_request_order() -> Option<RequestOrder> {
+    ORDER_GATE
+        .try_with(|gate| gate.0.lock().unwrap_or_else(|p| p.into_inner()).take())
+        .ok()
+        .flatten()
+        .map(RequestOrder)
 }
 
 /// A running broker. Dropping it leaves the broker running until the runtime ends; call
@@ -416,6 +441,73 @@ async fn open_connection(
     serve_connection(state, session, reader, writer, shutdown).await;
 }
 
+/// What a request's handler yields: `None` closes the connection, `Some(None)` is a request
+/// without a response.
+type Answer = Option<Option<ResponseFrame>>;
+
+/// A request handler, polled by its connection's own task.
+type HandlerFuture = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+/// One request of a connection, from its frame being read until its answer is written.
+struct InFlight {
+    /// The request's API, for the turnaround histogram.
+    api: &'static str,
+    /// When its frame was read off the socket.
+    received: Instant,
+    /// Size of its frame, counted against [`READ_AHEAD_BYTES`].
+    bytes: usize,
+    handler: Handler,
+}
+
+enum Handler {
+    Running(HandlerFuture),
+    Done(Answer),
+}
+
+impl InFlight {
+    fn is_done(&self) -> bool {
+        matches!(self.handler, Handler::Done(_))
+    }
+}
+
+/// Polls every running handler of the connection once (so requests released by their order
+/// gate progress side by side); a handler that panics closes the connection after the
+/// answers before it, as a failed request does.
+fn poll_handlers(in_flight: &mut VecDeque<InFlight>, cx: &mut Context<'_>) {
+    for request in in_flight.iter_mut() {
+        let Handler::Running(handler) = &mut request.handler else {
+            continue;
+        };
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx)));
+        match polled {
+            Ok(Poll::Pending) => {}
+            Ok(Poll::Ready(answer)) => request.handler = Handler::Done(answer),
+            Err(_) => {
+                tracing::error!(
+                    api = request.api,
+                    "request handler panicked; closing connection"
+                );
+                request.handler = Handler::Done(None);
+            }
+        }
+    }
+}
+
+/// The oldest request once its handler is done (its answer is written next).
+fn poll_oldest(in_flight: &mut VecDeque<InFlight>, cx: &mut Context<'_>) -> Poll<InFlight> {
+    poll_handlers(in_flight, cx);
+    if in_flight.front().is_some_and(InFlight::is_done) {
+        Poll::Ready(in_flight.pop_front().expect("checked non-empty"))
+    } else {
+        Poll::Pending
+    }
+}
+
+/// Serves one connection in a single task: it reads a frame, runs the request's handler and
+/// writes its answer itself, so a request that needs no other task (an in-memory produce, a
+/// metadata request) is read, handled and answered in one wake-up of the connection. Handlers
+/// of requests released by their order gate run on side by side (polled by the same task);
+/// answers are written in request order.
 async fn serve_connection<R, W>(
     state: Arc<BrokerState>,
     session: Arc<Session>,
@@ -429,41 +521,12 @@ async fn serve_connection<R, W>(
     let peer = session.peer;
     tracing::debug!(listener = %session.listener.name, "connection opened");
     metrics::connections(1.0);
-    let max = state.config.max_request_bytes;
-    let (frames_tx, mut frames) = mpsc::channel::<(Bytes, OwnedSemaphorePermit)>(PIPELINE_DEPTH);
-    let read_ahead = Arc::new(Semaphore::new(READ_AHEAD_BYTES));
-    let read_task = tokio::spawn(
-        async move {
-            let mut reader = codec::FrameReader::new(reader, max);
-            loop {
-                match reader.next_frame().await {
-                    Ok(Some(frame)) => {
-                        metrics::bytes_in(frame.len() + 4);
-                        // Held until the request is handled; waits while the connection
-                        // already has READ_AHEAD_BYTES of unhandled frames.
-                        let cost = frame.len().clamp(1, READ_AHEAD_BYTES) as u32;
-                        let Ok(permit) = Arc::clone(&read_ahead).acquire_many_owned(cost).await
-                        else {
-                            break;
-                        };
-                        if frames_tx.send((frame, permit)).await.is_err() {
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "closing connection");
-                        break;
-                    }
-                }
-            }
-        }
-        .in_current_span(),
-    );
+    let mut reader = codec::FrameReader::new(reader, state.config.max_request_bytes);
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     // Requests being handled or waiting for their turn to be written, in request order.
-    let mut in_flight: VecDeque<tokio::task::JoinHandle<Option<Option<ResponseFrame>>>> =
-        VecDeque::new();
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+    // Request bytes of `in_flight`.
+    let mut in_flight_bytes = 0usize;
     // The newest request's gate: no new request starts until it fires.
     let mut gate: Option<oneshot::Receiver<bool>> = None;
     let mut reading = true;
@@ -472,14 +535,19 @@ async fn serve_connection<R, W>(
         if !reading && in_flight.is_empty() {
             break;
         }
-        let may_start = reading && gate.is_none() && in_flight.len() < MAX_IN_FLIGHT;
+        // The next frame is read only when its request may start, so a client cannot make
+        // the connection hold more than READ_AHEAD_BYTES of requests (plus one frame).
+        let may_start = reading
+            && gate.is_none()
+            && in_flight.len() < MAX_IN_FLIGHT
+            && in_flight_bytes < READ_AHEAD_BYTES;
         tokio::select! {
             biased;
-            done = async { in_flight.front_mut().expect("checked non-empty").await },
+            done = std::future::poll_fn(|cx| poll_oldest(&mut in_flight, cx)),
                 if !in_flight.is_empty() => {
-                in_flight.pop_front();
-                let Ok(Some(response)) = done else {
-                    // A bad request (or a failed task): close after the earlier answers.
+                in_flight_bytes -= done.bytes;
+                let Handler::Done(Some(response)) = done.handler else {
+                    // A bad request (or a failed handler): close after the earlier answers.
                     break;
                 };
                 if let Some(frame) = response {
@@ -498,13 +566,19 @@ async fn serve_connection<R, W>(
                 // by the handling of the requests pipelined behind it: a producer with five
                 // requests in flight saw its answers in bursts, and a long-polling fetch queued
                 // behind a request held that request's answer for the whole poll.)
-                let next_ready = in_flight.front().is_some_and(|t| t.is_finished());
+                std::future::poll_fn(|cx| {
+                    poll_handlers(&mut in_flight, cx);
+                    Poll::Ready(())
+                })
+                .await;
+                let next_ready = in_flight.front().is_some_and(InFlight::is_done);
                 if !next_ready {
                     if let Err(e) = writer.flush().await {
                         tracing::debug!(error = %e, "flush failed");
                         break;
                     }
                 }
+                metrics::request_turnaround(done.api, done.received.elapsed().as_secs_f64());
             }
             go_on = async { gate.as_mut().expect("checked some").await }, if gate.is_some() => {
                 gate = None;
@@ -515,34 +589,45 @@ async fn serve_connection<R, W>(
             _ = crate::state::shutdown_signalled(&mut shutdown), if reading => {
                 reading = false;
             }
-            frame = frames.recv(), if may_start => match frame {
-                Some((frame, permit)) => {
+            frame = reader.next_frame(), if may_start => match frame {
+                Ok(Some(frame)) => {
+                    let received = Instant::now();
+                    metrics::bytes_in(frame.len() + 4);
+                    let api = codec::peek_prefix(&frame)
+                        .ok()
+                        .and_then(|p| kafka_protocol::messages::ApiKey::try_from(p.api_key).ok())
+                        .map_or("unknown", api_name);
+                    let bytes = frame.len();
                     let (tx, rx) = oneshot::channel();
                     gate = Some(rx);
                     let state = Arc::clone(&state);
                     let session = Arc::clone(&session);
                     let order = OrderGate(Mutex::new(Some(tx)));
-                    in_flight.push_back(tokio::spawn(
-                        ORDER_GATE
-                            .scope(order, async move {
-                                let response = handle_frame(&state, &session, frame).await;
-                                drop(permit);
-                                let go_on = response.is_some() && !session.close_requested();
-                                let _ = ORDER_GATE.try_with(|g| g.fire(go_on));
-                                response
-                            })
-                            .instrument(span.clone()),
-                    ));
+                    let handler = ORDER_GATE
+                        .scope(order, async move {
+                            let response = handle_frame(&state, &session, frame).await;
+                            let go_on = response.is_some() && !session.close_requested();
+                            let _ = ORDER_GATE.try_with(|g| g.fire(go_on));
+                            response
+                        })
+                        .instrument(span.clone());
+                    in_flight_bytes += bytes;
+                    in_flight.push_back(InFlight {
+                        api,
+                        received,
+                        bytes,
+                        handler: Handler::Running(Box::pin(handler)),
+                    });
                 }
-                None => reading = false,
+                Ok(None) => reading = false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "closing connection");
+                    reading = false;
+                }
             },
         }
     }
     let _ = writer.flush().await;
-    read_task.abort();
-    for task in in_flight {
-        task.abort();
-    }
     metrics::connections(-1.0);
     tracing::debug!(%peer, "connection closed");
 }
@@ -602,5 +687,46 @@ async fn handle_frame(
             metrics::request_done(api, "closed", elapsed.as_secs_f64());
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(handler: impl Future<Output = Answer> + Send + 'static) -> InFlight {
+        InFlight {
+            api: "Produce",
+            received: Instant::now(),
+            bytes: 1,
+            handler: Handler::Running(Box::pin(handler)),
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_leave_in_request_order_and_a_panicking_handler_closes() {
+        let (first_tx, first_rx) = oneshot::channel::<()>();
+        let mut in_flight = VecDeque::new();
+        in_flight.push_back(request(async move {
+            let _ = first_rx.await;
+            Some(None)
+        }));
+        in_flight.push_back(request(async { Some(None) }));
+        in_flight.push_back(request(async { panic!("handler bug") }));
+
+        // The second and third are done, but the first is not: nothing leaves yet.
+        let polled = std::future::poll_fn(|cx| Poll::Ready(poll_oldest(&mut in_flight, cx))).await;
+        assert!(polled.is_pending());
+        assert!(!in_flight[0].is_done() && in_flight[1].is_done() && in_flight[2].is_done());
+
+        first_tx.send(()).expect("first handler waits");
+        for expected_open in [true, true, false] {
+            let done = std::future::poll_fn(|cx| poll_oldest(&mut in_flight, cx)).await;
+            let Handler::Done(answer) = done.handler else {
+                panic!("popped a running handler");
+            };
+            assert_eq!(answer.is_some(), expected_open);
+        }
+        assert!(in_flight.is_empty());
     }
 }

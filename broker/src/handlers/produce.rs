@@ -17,7 +17,7 @@ use crate::metrics;
 use crate::security::{AclOperation, ResourceType};
 use crate::state::{BrokerState, TopicLookup};
 use crate::storage::batch::ProducedBatches;
-use crate::storage::{AppendError, AppendOutcome, Partition};
+use crate::storage::{AppendError, AppendOutcome, Partition, PendingAppend};
 use crate::txn::TxnProduceError;
 
 /// One partition's part of the request, resolved before appending.
@@ -222,21 +222,37 @@ async fn append_in_parallel(
             }
         }
     }
+    let mut outcomes: Vec<Option<AppendResult>> = (0..slots).map(|_| None).collect();
+    if let [_] = groups.as_slice() {
+        // One partition: write, release the order and fsync in one blocking task, without a
+        // round trip through the connection's task in between.
+        let (partition, group) = groups.pop().expect("one group");
+        let order = crate::server::take_request_order();
+        let state = Arc::clone(state);
+        let task = tokio::task::spawn_blocking(move || {
+            let written = write_group(&state, &partition, group);
+            if let Some(order) = order {
+                order.release();
+            }
+            sync_group(&partition, written)
+        });
+        match task.await {
+            Ok(results) => {
+                for (slot, result) in results {
+                    outcomes[slot] = Some(result);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "append task failed"),
+        }
+        return outcomes;
+    }
     // Write phase: the appends, in request order per partition, without waiting for fsync.
     let tasks: Vec<_> = groups
         .into_iter()
         .map(|(partition, group)| {
             let state = Arc::clone(state);
             tokio::task::spawn_blocking(move || {
-                let results = group
-                    .into_iter()
-                    .map(|(slot, produced)| {
-                        (
-                            slot,
-                            state.txn.append_produced_unsynced(&partition, &produced),
-                        )
-                    })
-                    .collect::<Vec<_>>();
+                let results = write_group(&state, &partition, group);
                 (partition, results)
             })
         })
@@ -255,33 +271,9 @@ async fn append_in_parallel(
     let syncs: Vec<_> = written
         .into_iter()
         .map(|(partition, results)| {
-            tokio::task::spawn_blocking(move || {
-                let target = results
-                    .iter()
-                    .filter_map(|(_, r)| r.as_ref().ok().and_then(|p| p.durable_at))
-                    .max();
-                let synced = target.map_or(Ok(()), |t| partition.make_durable(t));
-                results
-                    .into_iter()
-                    .map(|(slot, r)| {
-                        let r = match (r, &synced) {
-                            (Ok(p), Err(e)) if p.durable_at.is_some() => {
-                                Err(TxnProduceError::from(AppendError::Storage(
-                                    crate::storage::StorageError::io(
-                                        partition.dir(),
-                                        std::io::Error::other(e.to_string()),
-                                    ),
-                                )))
-                            }
-                            (r, _) => r.map(|p| p.outcome),
-                        };
-                        (slot, r)
-                    })
-                    .collect::<Vec<_>>()
-            })
+            tokio::task::spawn_blocking(move || sync_group(&partition, results))
         })
         .collect();
-    let mut outcomes: Vec<Option<AppendResult>> = (0..slots).map(|_| None).collect();
     for task in syncs {
         match task.await {
             Ok(results) => {
@@ -293,6 +285,51 @@ async fn append_in_parallel(
         }
     }
     outcomes
+}
+
+/// One partition's appends of a request, in request order, without waiting for fsync.
+fn write_group(
+    state: &BrokerState,
+    partition: &Arc<Partition>,
+    group: Vec<(usize, ProducedBatches)>,
+) -> Vec<(usize, Result<PendingAppend, TxnProduceError>)> {
+    group
+        .into_iter()
+        .map(|(slot, produced)| {
+            (
+                slot,
+                state.txn.append_produced_unsynced(partition, &produced),
+            )
+        })
+        .collect()
+}
+
+/// Makes one partition's written appends durable with one fsync (shared with concurrent
+/// appenders); an append fails if the fsync its bytes needed failed.
+fn sync_group(
+    partition: &Partition,
+    results: Vec<(usize, Result<PendingAppend, TxnProduceError>)>,
+) -> Vec<(usize, AppendResult)> {
+    let target = results
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok().and_then(|p| p.durable_at))
+        .max();
+    let synced = target.map_or(Ok(()), |t| partition.make_durable(t));
+    results
+        .into_iter()
+        .map(|(slot, r)| {
+            let r = match (r, &synced) {
+                (Ok(p), Err(e)) if p.durable_at.is_some() => Err(TxnProduceError::from(
+                    AppendError::Storage(crate::storage::StorageError::io(
+                        partition.dir(),
+                        std::io::Error::other(e.to_string()),
+                    )),
+                )),
+                (r, _) => r.map(|p| p.outcome),
+            };
+            (slot, r)
+        })
+        .collect()
 }
 
 /// The Kafka error code (and message) for a refused append.
