@@ -132,3 +132,36 @@ fn open_transactions_lso_and_aborted_index_survive_a_crash() {
     mgr.run_job(&job).expect("re-run");
     assert_eq!(p.high_watermark(), hw);
 }
+
+/// InitProducerId over an open transaction fences and aborts it, and answers with the new
+/// epoch once the abort's markers are written, as the client's retry after
+/// CONCURRENT_TRANSACTIONS would get it (librdkafka waits 500 ms before that retry).
+#[test]
+fn init_producer_id_over_an_open_transaction_answers_after_aborting_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, mgr) = open(dir.path());
+    store.create_topic("t", 1).expect("topic");
+    let p = store.partition("t", 0).expect("partition");
+    let tp = vec![("t".to_string(), 0)];
+    let (pid, epoch) = mgr.init_producer_id("f", 60_000, None).unwrap().unwrap();
+    mgr.add_partitions("f", pid, epoch, &tp).unwrap().unwrap();
+    mgr.append(&p, txn_batch(pid, epoch, 0, &["f0", "f1"]))
+        .expect("open transaction"); // 0..1
+    assert_eq!(p.last_stable_offset(), 0, "the transaction is open");
+
+    // the fencing abort bumps the epoch once, the answer to the (implicit) retry once more
+    let again = mgr.init_producer_id("f", 60_000, None).unwrap();
+    assert_eq!(again, Ok((pid, epoch + 2)));
+    let m = mgr.describe("f").expect("f known");
+    assert_eq!(m.state, TxnState::Empty, "ready for the new producer's transactions");
+    assert_eq!(p.high_watermark(), 3, "two records and the abort marker");
+    assert_eq!(p.last_stable_offset(), p.high_watermark());
+    let read = p.read_committed(0, 1 << 20).expect("read");
+    assert_eq!(read.aborted.len(), 1, "the open transaction was aborted");
+
+    // the old epoch is fenced; the new one starts a transaction
+    assert!(mgr.add_partitions("f", pid, epoch, &tp).unwrap().is_err());
+    mgr.add_partitions("f", pid, epoch + 2, &tp)
+        .unwrap()
+        .unwrap();
+}

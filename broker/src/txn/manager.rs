@@ -273,8 +273,15 @@ impl TxnManager {
         Ok(write(partition, produced)?)
     }
 
-    /// InitProducerId with a transactional id. A fenced open transaction is aborted before
-    /// answering CONCURRENT_TRANSACTIONS (the client retries and gets the bumped epoch).
+    /// InitProducerId with a transactional id. An open transaction is fenced and aborted
+    /// first; once its abort is complete the request is answered as the client's retry would
+    /// be (the bumped epoch), instead of with CONCURRENT_TRANSACTIONS and a retry. Kafka's
+    /// coordinator answers CONCURRENT_TRANSACTIONS because its markers are written
+    /// asynchronously; here they are written before the answer, and librdkafka would wait
+    /// 500 ms before retrying, at every restart of a job whose producer had a transaction
+    /// open. If the abort is not complete (its markers failed and are retried in the
+    /// background, or another request is writing them), the answer stays
+    /// CONCURRENT_TRANSACTIONS.
     pub fn init_producer_id(
         &self,
         transactional_id: &str,
@@ -287,7 +294,28 @@ impl TxnManager {
             expected,
             now_ms(),
         )?;
-        self.finish(step)
+        let aborted_first =
+            step.job.is_some() && step.answer == Err(ResponseError::ConcurrentTransactions);
+        let answer = self.finish(step)?;
+        if !aborted_first {
+            return Ok(answer);
+        }
+        let again = self.coordinator().init_producer_id(
+            transactional_id,
+            timeout_ms,
+            expected,
+            now_ms(),
+        )?;
+        if again.job.is_some() {
+            // not expected (the abort above left no open transaction); answer as before
+            // and let the client's retry take the new step
+            tracing::warn!(
+                transactional_id,
+                "InitProducerId found a transaction open again after aborting one"
+            );
+            return self.finish(again);
+        }
+        Ok(again.answer)
     }
 
     /// AddPartitionsToTxn.
