@@ -153,7 +153,11 @@ fn init_producer_id_over_an_open_transaction_answers_after_aborting_it() {
     let again = mgr.init_producer_id("f", 60_000, None).unwrap();
     assert_eq!(again, Ok((pid, epoch + 2)));
     let m = mgr.describe("f").expect("f known");
-    assert_eq!(m.state, TxnState::Empty, "ready for the new producer's transactions");
+    assert_eq!(
+        m.state,
+        TxnState::Empty,
+        "ready for the new producer's transactions"
+    );
     assert_eq!(p.high_watermark(), 3, "two records and the abort marker");
     assert_eq!(p.last_stable_offset(), p.high_watermark());
     let read = p.read_committed(0, 1 << 20).expect("read");
