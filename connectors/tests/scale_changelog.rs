@@ -21,10 +21,8 @@ use onceflow_operators::{KeyBy, Map};
 use onceflow_runtime::keygroup::KeyGroupRange;
 use onceflow_runtime::state::{change_from_record, snapshots_from_changes, KeyedStateStore};
 use onceflow_runtime::{JobConfig, StreamEnvironment};
-use onceflow_testkit::clients::{create_topics, produce_values, read_topic};
+use onceflow_testkit::clients::{committed_offsets, create_topics, produce_values, read_topic};
 use onceflow_testkit::inproc::{block_on, InProcessBroker};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const INPUT: &str = "cl-in";
 const OUTPUT: &str = "cl-out";
@@ -73,23 +71,8 @@ fn parse(m: KafkaMessage) -> (String, u64) {
 }
 
 fn committed_total(brokers: &str, group: &str) -> i64 {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition(INPUT, p);
-    }
-    c.committed_offsets(tpl, Duration::from_secs(30))
-        .expect("committed offsets")
-        .elements()
-        .iter()
-        .map(|e| match e.offset() {
-            Offset::Offset(o) => o,
-            _ => 0,
-        })
+    committed_offsets(brokers, group, INPUT, PARTITIONS)
+        .values()
         .sum()
 }
 

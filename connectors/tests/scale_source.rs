@@ -15,10 +15,8 @@ use onceflow_connectors::kafka::{
     SinkRecord,
 };
 use onceflow_runtime::{Sink, SinkFactory, Source, SourceFactory, SourcePoll};
-use onceflow_testkit::clients::{produce_values, read_committed_values};
+use onceflow_testkit::clients::{committed_offsets, produce_values, read_committed_values};
 use onceflow_testkit::inproc::{start_broker, subtask_info};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const INPUT: &str = "scale-in";
 const PARTITIONS: i32 = 6;
@@ -88,24 +86,7 @@ async fn read_all(
 }
 
 fn committed(brokers: &str, group: &str) -> BTreeMap<i32, i64> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition(INPUT, p);
-    }
-    c.committed_offsets(tpl, Duration::from_secs(30))
-        .expect("committed offsets")
-        .elements()
-        .iter()
-        .filter_map(|e| match e.offset() {
-            Offset::Offset(o) => Some((e.partition(), o)),
-            _ => None,
-        })
-        .collect()
+    committed_offsets(brokers, group, INPUT, PARTITIONS)
 }
 
 fn payload(m: &KafkaMessage) -> String {

@@ -355,3 +355,31 @@ pub fn create_topics(bootstrap: &str, topics: &[&str], partitions: i32) {
         }
     }
 }
+
+/// The offsets `group` committed for partitions `0..partitions` of `topic` (partitions
+/// without a committed offset are left out).
+pub fn committed_offsets(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> std::collections::BTreeMap<i32, i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    c.committed_offsets(tpl, Duration::from_secs(30))
+        .expect("committed offsets")
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
+}
