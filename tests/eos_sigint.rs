@@ -1,6 +1,7 @@
 //! Ctrl-C (SIGINT) stops the example job like SIGTERM: a final checkpoint, its commit, the
 //! `job stopped:` summary and exit 0 within 10 s; a read_committed reader then sees every
-//! record the job reported as processed.
+//! record the job reported as processed. `--exit-when-idle-ms` stops it the same way once
+//! the input is read.
 
 use std::time::{Duration, Instant};
 
@@ -78,6 +79,42 @@ fn sigint_commits_a_final_checkpoint_and_exits_0() {
         "the job reported {processed} records processed; read_committed sees {committed} output and dead-letter records"
     );
     eprintln!("[eos] {test}: {summary}");
+    drop(broker);
+    finish_dir(dir);
+}
+
+/// `--exit-when-idle-ms`: with all input written before the job starts, the job stops by
+/// itself once no input arrived for the idle time (counted from `job started`), with a final
+/// checkpoint and exit 0, and its committed output is exact. The idle time is far above the
+/// time the job needs to read the input, so the verdict does not depend on the machine's
+/// speed.
+#[test]
+fn exit_when_idle_stops_after_the_input_with_everything_committed() {
+    let _machine = exclusive();
+    let test = "eos_exit_when_idle";
+    let dir = scenario_dir(test);
+    let mut args = JobArgs::new("two-phase-commit", dir.path());
+    args.extra_args
+        .extend(["--exit-when-idle-ms".to_string(), "10000".to_string()]);
+    let (broker, data) = setup(dir.path(), &args, 5_000, seed(test));
+    let bootstrap = broker.bootstrap().to_string();
+    produce_paced(&bootstrap, &args.input, &data, 1, Duration::ZERO)
+        .join()
+        .expect("input producer");
+    let mut job = spawn_job(&bootstrap, &args, "idle");
+    let status = job.wait_exit(Duration::from_secs(300));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the job did not stop by itself with exit 0 (status {status:?})\n{}",
+        job.describe()
+    );
+    assert!(
+        job.lines().iter().any(|l| l.starts_with("job stopped: ")),
+        "no `job stopped:` summary\n{}",
+        job.describe()
+    );
+    let report = check_output(&bootstrap, &args, &data);
+    assert!(report.is_exact(), "output after the idle stop:\n{report}");
     drop(broker);
     finish_dir(dir);
 }

@@ -55,7 +55,7 @@ pub struct KafkaJobArgs {
     /// Stop (final checkpoint + commit, exit 0) once this many records were processed.
     #[arg(long)]
     pub max_records: Option<u64>,
-    /// Stop like SIGTERM once no input arrived for this many ms.
+    /// Stop like SIGTERM once no input arrived for this many ms (counted from `job started`).
     #[arg(long)]
     pub exit_when_idle_ms: Option<u64>,
     /// The runtime's flags: parallelism, checkpoint directory and interval, retention,

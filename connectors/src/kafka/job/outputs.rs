@@ -27,6 +27,14 @@ pub(crate) struct Progress {
     committed: Mutex<HashMap<CheckpointId, usize>>,
 }
 
+impl Progress {
+    /// Whether every sink subtask has recovered (the job printed `job started`).
+    pub(crate) fn started(&self) -> bool {
+        let sinks = self.sink_subtasks.load(Ordering::SeqCst);
+        sinks > 0 && self.recovered.load(Ordering::SeqCst) >= sinks
+    }
+}
+
 /// The sinks of a job: every sink writes in the job's delivery mode with the job's
 /// transactional id prefix, transaction timeout and checkpoint interval.
 pub struct KafkaOutputs {

@@ -24,15 +24,17 @@ pub(crate) fn spawn_watcher(
         return;
     }
     std::thread::spawn(move || {
-        let started = Instant::now();
         let mut last_print = Instant::now();
-        // input was last seen when the processed count last moved (checked every 50 ms)
-        let (mut last_n, mut last_input) = (progress.processed.load(Ordering::Relaxed), started);
+        // input was last seen when the processed count last moved (checked every 50 ms); the
+        // idle clock starts when the job has started (`job started`), so a slow start-up
+        // (fencing, recovery) does not count as idle input
+        let mut last_n = progress.processed.load(Ordering::Relaxed);
+        let mut last_input: Option<Instant> = None;
         while !done.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
             let n = progress.processed.load(Ordering::Relaxed);
-            if n != last_n {
-                (last_n, last_input) = (n, Instant::now());
+            if n != last_n || (last_input.is_none() && progress.started()) {
+                (last_n, last_input) = (n, Some(Instant::now()));
             }
             if max.is_some_and(|m| n >= m) {
                 tracing::info!(
@@ -43,7 +45,7 @@ pub(crate) fn spawn_watcher(
                 return;
             }
             if let Some(idle) = idle {
-                if last_input.elapsed() >= idle && started.elapsed() >= idle {
+                if last_input.is_some_and(|t| t.elapsed() >= idle) {
                     tracing::info!("--exit-when-idle-ms reached: stopping with a final checkpoint");
                     stop.stop();
                     return;
