@@ -138,33 +138,34 @@ fn secured_args(mode: &str, dir: &Path, secured: &str, props: &Path) -> JobArgs 
 
 /// Every log file under `dir` that contains `needle`.
 fn logs_containing(dir: &Path, needle: &str) -> Vec<PathBuf> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .filter(|p| {
-            std::fs::read(p)
-                .map(|b| String::from_utf8_lossy(&b).contains(needle))
-                .unwrap_or(false)
-        })
+    logs(dir)
+        .into_iter()
+        .filter(|(_, text)| text.contains(needle))
+        .map(|(path, _)| path)
         .collect()
 }
 
 /// How many lines of the log files under `dir` contain every one of `needles`.
 fn log_lines_with(dir: &Path, needles: &[&str]) -> usize {
+    logs(dir)
+        .iter()
+        .flat_map(|(_, text)| text.lines())
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .count()
+}
+
+/// Every log file under `dir` with its text.
+fn logs(dir: &Path) -> Vec<(PathBuf, String)> {
     std::fs::read_dir(dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "log"))
         .map(|p| {
-            let text = String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
-            text.lines()
-                .filter(|l| needles.iter().all(|n| l.contains(n)))
-                .count()
+            let text = String::from_utf8_lossy(&std::fs::read(&p).unwrap_or_default()).into_owned();
+            (p, text)
         })
-        .sum()
+        .collect()
 }
 
 /// The job without the transactional id ACL stops at start with the permission named.

@@ -174,12 +174,14 @@ fn is_transient(e: &rdkafka::error::KafkaError) -> bool {
     )
 }
 
-fn partition_count(
-    consumer: &BaseConsumer<LagContext>,
+/// The number of partitions of `topic`, read from the cluster's metadata through `consumer`.
+pub(crate) fn partition_count<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
     topic: &str,
-) -> onceflow_runtime::Result<usize> {
+    timeout: Duration,
+) -> Result<usize, KafkaError> {
     let md = consumer
-        .fetch_metadata(Some(topic), META_TIMEOUT)
+        .fetch_metadata(Some(topic), timeout)
         .map_err(|e| KafkaError::client(format!("reading metadata of topic {topic}"), e))?;
     let t = md
         .topics()
@@ -187,10 +189,12 @@ fn partition_count(
         .find(|t| t.name() == topic)
         .ok_or_else(|| KafkaError::Config(format!("topic {topic} not found")))?;
     if let Some(e) = t.error() {
-        return Err(KafkaError::Config(format!("topic {topic}: {e:?}")).into());
+        return Err(KafkaError::Config(format!("topic {topic}: {e:?}")));
     }
     if t.partitions().is_empty() {
-        return Err(KafkaError::Config(format!("topic {topic} has no partitions")).into());
+        return Err(KafkaError::Config(format!(
+            "topic {topic} has no partitions"
+        )));
     }
     Ok(t.partitions().len())
 }
@@ -224,7 +228,7 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
         let consumer: BaseConsumer<LagContext> = cfg
             .create_with_context(LagContext::default())
             .map_err(|e| KafkaError::client("creating the consumer", e))?;
-        let n = partition_count(&consumer, &self.topic)?;
+        let n = partition_count(&consumer, &self.topic, META_TIMEOUT)?;
         let partitions: Vec<i32> = (0..n as i32)
             .filter(|p| (*p as usize) % info.parallelism == info.index)
             .collect();

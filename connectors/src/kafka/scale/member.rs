@@ -276,24 +276,7 @@ impl GroupMember {
 
     /// The number of partitions of `topic`, read from the cluster's metadata.
     pub fn partition_count(&self, topic: &str, timeout: Duration) -> Result<usize, KafkaError> {
-        let md = self
-            .consumer
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| KafkaError::client(format!("reading metadata of topic {topic}"), e))?;
-        let t = md
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .ok_or_else(|| KafkaError::Config(format!("topic {topic} not found")))?;
-        if let Some(e) = t.error() {
-            return Err(KafkaError::Config(format!("topic {topic}: {e:?}")));
-        }
-        if t.partitions().is_empty() {
-            return Err(KafkaError::Config(format!(
-                "topic {topic} has no partitions"
-            )));
-        }
-        Ok(t.partitions().len())
+        crate::kafka::source::partition_count(&self.consumer, topic, timeout)
     }
 
     /// The group metadata (member id, generation) to send with the instance's offsets in its
