@@ -118,27 +118,14 @@ fn serve_then_sleep(p: &Prod) {
 /// Sends one record, polling while the local queue is full.
 pub fn send(p: &Prod, default_topic: &str, r: &SinkRecord) -> Result<()> {
     let topic = r.topic.as_deref().unwrap_or(default_topic);
-    // the clock is read only once the queue is full (not once per record)
-    let mut deadline: Option<Instant> = None;
-    loop {
-        let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&r.value[..]);
-        if let Some(k) = &r.key {
-            rec = rec.key(&k[..]);
-        }
-        if let Some(ts) = r.timestamp_ms {
-            rec = rec.timestamp(ts);
-        }
-        match p.send(rec) {
-            Ok(()) => return Ok(()),
-            Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
-                if Instant::now()
-                    < *deadline.get_or_insert_with(|| Instant::now() + QUEUE_FULL_LIMIT) =>
-            {
-                serve_then_sleep(p);
-            }
-            Err((e, _)) => return Err(KafkaError::client(format!("producing to {topic}"), e)),
-        }
+    let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&r.value[..]);
+    if let Some(k) = &r.key {
+        rec = rec.key(&k[..]);
     }
+    if let Some(ts) = r.timestamp_ms {
+        rec = rec.timestamp(ts);
+    }
+    send_record(p, rec).map_err(|e| KafkaError::client(format!("producing to {topic}"), e))
 }
 
 /// Sends one record to an explicit partition (a changelog record: `value` `None` is a
@@ -150,27 +137,30 @@ pub fn send_to_partition(
     key: &[u8],
     value: Option<&[u8]>,
 ) -> Result<()> {
+    let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(partition).key(key);
+    if let Some(v) = value {
+        rec = rec.payload(v);
+    }
+    send_record(p, rec)
+        .map_err(|e| KafkaError::client(format!("producing to {topic}-{partition}"), e))
+}
+
+/// Sends `rec`, serving the producer while its local queue is full, for at most
+/// [`QUEUE_FULL_LIMIT`]; a refused record comes back from `send` and is sent again as is.
+fn send_record(p: &Prod, mut rec: BaseRecord<'_, [u8], [u8]>) -> std::result::Result<(), RdError> {
+    // the clock is read only once the queue is full (not once per record)
     let mut deadline: Option<Instant> = None;
     loop {
-        let mut rec: BaseRecord<'_, [u8], [u8]> =
-            BaseRecord::to(topic).partition(partition).key(key);
-        if let Some(v) = value {
-            rec = rec.payload(v);
-        }
         match p.send(rec) {
             Ok(()) => return Ok(()),
-            Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
+            Err((RdError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                 if Instant::now()
                     < *deadline.get_or_insert_with(|| Instant::now() + QUEUE_FULL_LIMIT) =>
             {
                 serve_then_sleep(p);
+                rec = back;
             }
-            Err((e, _)) => {
-                return Err(KafkaError::client(
-                    format!("producing to {topic}-{partition}"),
-                    e,
-                ))
-            }
+            Err((e, _)) => return Err(e),
         }
     }
 }
