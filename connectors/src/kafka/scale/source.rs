@@ -1,8 +1,11 @@
 //! The Kafka source of a scaled-out instance: the instance's [`InstanceMember`] owns the
 //! group subscription, and its source subtasks share the partition queues of the input
-//! partitions, the ones the group assigned to the instance dealt out evenly ([`split_of`]);
-//! a subtask yields records only of partitions the instance owns. Each partition starts where the group's committed offsets say (librdkafka reads
-//! them on assignment), so checkpoint positions are not restored. At each barrier a subtask
+//! partitions the group assigned to the instance when the dataflow was built, dealt out evenly
+//! ([`split_of`]); a subtask yields records of a partition only while the instance still owns
+//! it under that assignment (an assignment change ends the dataflow, and the instance builds
+//! the next one for the new assignment). Each partition starts where the group's committed
+//! offsets say (librdkafka reads them on assignment), so checkpoint positions are not
+//! restored. At each barrier a subtask
 //! hands the next offset of every partition it read within the partition's current
 //! assignment to the [`OffsetsLink`], which commits them in the instance's transaction with
 //! the member's live group metadata (member id, generation).
@@ -43,27 +46,20 @@ impl<T> GroupSource<T> {
 }
 
 /// The partitions source subtask `index` of `parallelism` reads: the partitions the instance
-/// owns when the subtask is created are dealt out in order (the `j`-th owned one to subtask
-/// `j % parallelism`, so each subtask gets its share of what this instance was given), the
-/// others of the topic's `partitions` by `p % parallelism` (they yield records only once the
-/// group assigns them to this instance).
-fn split_of(partitions: i32, owned: &[i32], index: usize, parallelism: usize) -> Vec<i32> {
-    let mut owned: Vec<i32> = owned.iter().copied().filter(|p| *p < partitions).collect();
+/// owns when the subtask is created, dealt out in order (the `j`-th owned one to subtask
+/// `j % parallelism`, so each subtask gets its share of what this instance was given). A
+/// partition the group assigns later is not read by this dataflow: its state is not restored
+/// in it, so the instance builds a new dataflow for the new assignment.
+fn split_of(owned: &[i32], index: usize, parallelism: usize) -> Vec<i32> {
+    let mut owned = owned.to_vec();
     owned.sort_unstable();
     owned.dedup();
-    let mut mine: Vec<i32> = owned
+    owned
         .iter()
         .enumerate()
         .filter(|(j, _)| j % parallelism == index)
         .map(|(_, p)| *p)
-        .collect();
-    mine.extend(
-        (0..partitions)
-            .filter(|p| owned.binary_search(p).is_err())
-            .filter(|p| (*p as usize) % parallelism == index),
-    );
-    mine.sort_unstable();
-    mine
+        .collect()
 }
 
 /// One source subtask of a scaled-out instance.
@@ -71,7 +67,9 @@ pub struct GroupSourceReader<T> {
     member: InstanceMember,
     decoder: Decoder<T>,
     link: Option<OffsetsLink>,
-    queues: Vec<(TopicPartition, Arc<RecordQueue>)>,
+    /// The partitions this subtask reads, each with its queue and the assignment it was
+    /// owned under when the subtask was created.
+    queues: Vec<(TopicPartition, Arc<RecordQueue>, u64)>,
     /// Next offset to read per partition, with the assignment it was read in.
     positions: BTreeMap<i32, (i64, u64)>,
     /// The queue the next poll starts with, so one busy partition does not starve the others.
@@ -84,33 +82,31 @@ impl<T: Send + 'static> SourceFactory<T> for GroupSource<T> {
 
     fn create(&self, info: &SubtaskInfo) -> onceflow_runtime::Result<GroupSourceReader<T>> {
         let topic = self.member.topic().to_string();
-        let owned: Vec<i32> = self
-            .member
-            .member()
+        let member = self.member.member();
+        let owned: BTreeMap<i32, u64> = member
             .owned()
             .into_iter()
             .filter(|tp| tp.topic == topic)
-            .map(|tp| tp.partition)
+            .filter_map(|tp| member.assignment_of(&tp).map(|a| (tp.partition, a)))
             .collect();
-        let queues = split_of(
-            self.member.partitions() as i32,
-            &owned,
-            info.index,
-            info.parallelism,
-        )
-        .into_iter()
-        .filter_map(|p| {
-            self.member.queue(p).map(|q| {
-                (
-                    TopicPartition {
+        let partitions: Vec<i32> = owned.keys().copied().collect();
+        let queues: Vec<(TopicPartition, Arc<RecordQueue>, u64)> =
+            split_of(&partitions, info.index, info.parallelism)
+                .into_iter()
+                .filter_map(|p| {
+                    let q = self.member.queue(p)?;
+                    let tp = TopicPartition {
                         topic: topic.clone(),
                         partition: p,
-                    },
-                    q,
-                )
-            })
-        })
-        .collect();
+                    };
+                    Some((tp, q, owned[&p]))
+                })
+                .collect();
+        tracing::info!(
+            subtask = info.index,
+            partitions = ?queues.iter().map(|(tp, _, _)| tp.partition).collect::<Vec<_>>(),
+            "scaled-out source subtask reads its share of the owned partitions"
+        );
         if let Some(link) = &self.link {
             link.register_group_member(info.parallelism, self.member.member().clone());
         }
@@ -144,7 +140,7 @@ impl<T: Send + 'static> Source<T> for GroupSourceReader<T> {
     fn splits(&self) -> Vec<u32> {
         self.queues
             .iter()
-            .map(|(tp, _)| tp.partition as u32)
+            .map(|(tp, _, _)| tp.partition as u32)
             .collect()
     }
 
@@ -164,14 +160,15 @@ impl<T: Send + 'static> Source<T> for GroupSourceReader<T> {
             if n >= max {
                 break;
             }
-            let (tp, queue) = &self.queues[(self.next_queue + i) % self.queues.len()];
-            // partitions are added to the owned set before librdkafka fetches them, so a
-            // record of a partition not owned now was fetched before it was revoked: its new
-            // owner reads it again from the committed offset
-            let Some(assignment) = member.assignment_of(tp) else {
-                while queue.poll(Duration::ZERO).is_some() {}
+            let (tp, queue, assignment) = &self.queues[(self.next_queue + i) % self.queues.len()];
+            // read only under the assignment the subtask was created for: a partition revoked
+            // since is read by its next owner from the committed offset (librdkafka drops
+            // records fetched under an earlier assignment), one gained back is read by the
+            // dataflow built for the new assignment, after its state is restored
+            if member.assignment_of(tp) != Some(*assignment) {
                 continue;
-            };
+            }
+            let assignment = *assignment;
             while n < max {
                 match queue.poll(Duration::ZERO) {
                     None => break,
@@ -245,17 +242,15 @@ mod tests {
     use super::split_of;
 
     #[test]
-    fn owned_partitions_are_dealt_out_evenly_and_every_partition_has_a_reader() {
-        // owning 0, 2, 4 of 6 with two subtasks: 0 and 4 to the first, 2 to the second
-        assert_eq!(split_of(6, &[4, 0, 2], 0, 2), vec![0, 4]);
-        assert_eq!(split_of(6, &[4, 0, 2], 1, 2), vec![1, 2, 3, 5]);
-        // owning everything: p % n, as without a group
-        assert_eq!(split_of(6, &[0, 1, 2, 3, 4, 5], 0, 2), vec![0, 2, 4]);
-        // nothing owned yet: p % n
-        assert_eq!(split_of(4, &[], 1, 2), vec![1, 3]);
-        // each partition has exactly one reader
-        let mut all: Vec<i32> = (0..3).flat_map(|i| split_of(7, &[6, 3, 1], i, 3)).collect();
+    fn owned_partitions_are_dealt_out_evenly() {
+        // owning 0, 2, 4 with two subtasks: 0 and 4 to the first, 2 to the second
+        assert_eq!(split_of(&[4, 0, 2], 0, 2), vec![0, 4]);
+        assert_eq!(split_of(&[4, 0, 2], 1, 2), vec![2]);
+        // nothing owned: nothing to read
+        assert!(split_of(&[], 1, 2).is_empty());
+        // each owned partition has exactly one reader
+        let mut all: Vec<i32> = (0..3).flat_map(|i| split_of(&[6, 3, 1], i, 3)).collect();
         all.sort_unstable();
-        assert_eq!(all, (0..7).collect::<Vec<_>>());
+        assert_eq!(all, vec![1, 3, 6]);
     }
 }
