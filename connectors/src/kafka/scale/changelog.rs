@@ -294,14 +294,7 @@ impl ChangelogWriter for StateChangelog {
         };
         let started = std::time::Instant::now();
         let input = from.member.topic();
-        let tasks: Vec<i32> = from
-            .member
-            .member()
-            .owned()
-            .into_iter()
-            .filter(|tp| tp.topic == input)
-            .map(|tp| tp.partition)
-            .collect();
+        let tasks: Vec<i32> = from.member.owned_as_built(input).into_keys().collect();
         let changes = read_changelog(from, &topic.topic, node_uid, &tasks, max_parallelism)?;
         let records = changes.len();
         let groups: Vec<KeyGroupSnapshot> = onceflow_runtime::state::snapshots_from_changes(

@@ -4,7 +4,7 @@
 //! so the source subtask that owns a partition reads it straight from the one consumer.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -33,6 +33,9 @@ struct Inner {
     broken: Arc<Mutex<Option<String>>>,
     stop: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The assignment the current dataflow was built for ([`InstanceMember::pin_assignment`]);
+    /// `u64::MAX` until pinned: every owned partition counts.
+    pinned: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -98,6 +101,7 @@ impl InstanceMember {
             broken,
             stop,
             thread: Mutex::new(Some(thread)),
+            pinned: AtomicU64::new(u64::MAX),
         })))
     }
 
@@ -119,6 +123,30 @@ impl InstanceMember {
     /// The queue of input partition `partition`.
     pub fn queue(&self, partition: i32) -> Option<Arc<RecordQueue>> {
         self.0.queues.get(&partition).cloned()
+    }
+
+    /// Pins the partitions the next dataflow works on: the ones owned now. Its source
+    /// subtasks and its state restore both take [`InstanceMember::owned_as_built`], so a
+    /// partition assigned while the dataflow is being built is neither read nor restored by
+    /// it (the instance builds the next dataflow for it). Returns the pinned assignment.
+    pub fn pin_assignment(&self) -> u64 {
+        let latest = self.0.member.latest_assignment();
+        self.0.pinned.store(latest, Ordering::SeqCst);
+        latest
+    }
+
+    /// The partitions of `topic` owned under the pinned assignment or an earlier one, each
+    /// with the number of the assignment that gave it (every owned one before any pin).
+    pub fn owned_as_built(&self, topic: &str) -> BTreeMap<i32, u64> {
+        let pinned = self.0.pinned.load(Ordering::SeqCst);
+        let member = &self.0.member;
+        member
+            .owned()
+            .into_iter()
+            .filter(|tp| tp.topic == topic)
+            .filter_map(|tp| member.assignment_of(&tp).map(|a| (tp.partition, a)))
+            .filter(|(_, a)| *a <= pinned)
+            .collect()
     }
 
     /// Why the instance's reads can no longer be trusted, if they cannot.

@@ -82,13 +82,7 @@ impl<T: Send + 'static> SourceFactory<T> for GroupSource<T> {
 
     fn create(&self, info: &SubtaskInfo) -> onceflow_runtime::Result<GroupSourceReader<T>> {
         let topic = self.member.topic().to_string();
-        let member = self.member.member();
-        let owned: BTreeMap<i32, u64> = member
-            .owned()
-            .into_iter()
-            .filter(|tp| tp.topic == topic)
-            .filter_map(|tp| member.assignment_of(&tp).map(|a| (tp.partition, a)))
-            .collect();
+        let owned = self.member.owned_as_built(&topic);
         let partitions: Vec<i32> = owned.keys().copied().collect();
         let queues: Vec<(TopicPartition, Arc<RecordQueue>, u64)> =
             split_of(&partitions, info.index, info.parallelism)
