@@ -75,16 +75,15 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     {
         let (init, add, result) = (Arc::new(init), Arc::new(add), Arc::new(result));
         let key_fn = self.key_fn.clone();
-        self.stream
-            .add_operator("aggregate", self.partitioning(), move |info| {
-                Ok(AggregateOperator {
-                    key_fn: key_fn.clone(),
-                    init: init.clone(),
-                    add: add.clone(),
-                    result: result.clone(),
-                    store: store_for(info),
-                    _a: std::marker::PhantomData,
-                })
+        self.add_keyed_operator("aggregate", move |info| {
+            Ok(AggregateOperator {
+                key_fn: key_fn.clone(),
+                init: init.clone(),
+                add: add.clone(),
+                result: result.clone(),
+                store: store_for(info),
+                _a: std::marker::PhantomData,
             })
+        })
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use onceflow_runtime::keygroup::{key_group_for, KeyGroupRange};
 use onceflow_runtime::state::KeyedStateStore;
-use onceflow_runtime::{Data, DataStream, Key, Partitioning, SubtaskInfo};
+use onceflow_runtime::{Data, DataStream, Key, KeyRoute, Operator, Partitioning, SubtaskInfo};
 
 /// Extracts the key of a record.
 pub type KeyFn<T, K> = Arc<dyn Fn(&T) -> K + Send + Sync>;
@@ -13,6 +13,8 @@ pub type KeyFn<T, K> = Arc<dyn Fn(&T) -> K + Send + Sync>;
 pub struct KeyedStream<K, T> {
     pub(crate) stream: DataStream<T>,
     pub(crate) key_fn: KeyFn<T, K>,
+    /// How the keyed operators of this stream route a key to a task outside the process.
+    route: Option<KeyRoute>,
 }
 
 impl<K, T> Clone for KeyedStream<K, T> {
@@ -20,6 +22,7 @@ impl<K, T> Clone for KeyedStream<K, T> {
         KeyedStream {
             stream: self.stream.clone(),
             key_fn: self.key_fn.clone(),
+            route: self.route.clone(),
         }
     }
 }
@@ -35,6 +38,7 @@ impl<T: Data> KeyBy<T> for DataStream<T> {
         KeyedStream {
             stream: self.clone(),
             key_fn: Arc::new(key),
+            route: None,
         }
     }
 }
@@ -53,6 +57,33 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     /// Partitioning by key group.
     pub fn partitioning(&self) -> Partitioning<T> {
         key_partitioning(self.key_fn.clone(), self.stream.max_parallelism())
+    }
+
+    /// Declares the bytes that route a key to its task when the job's keyed state is spread
+    /// over many processes (`route(key)`, e.g. the key's Kafka key bytes): every keyed
+    /// operator built on this stream carries it as its [`KeyRoute`].
+    pub fn routed_by(
+        mut self,
+        route: impl Fn(&K) -> Vec<u8> + Send + Sync + 'static,
+    ) -> KeyedStream<K, T> {
+        self.route = Some(Arc::new(move |encoded: &[u8]| {
+            let key: K = onceflow_runtime::state::format::decode(encoded)?;
+            Ok(route(&key))
+        }));
+        self
+    }
+
+    /// Adds a keyed operator reading this stream by key group, with the stream's key route.
+    pub(crate) fn add_keyed_operator<Out: Data, Op: Operator<T, Out>>(
+        &self,
+        name: &str,
+        factory: impl Fn(&SubtaskInfo) -> onceflow_runtime::Result<Op> + Send + Sync + 'static,
+    ) -> DataStream<Out> {
+        let out = self.stream.add_operator(name, self.partitioning(), factory);
+        if let Some(route) = &self.route {
+            out.set_key_route(route.clone());
+        }
+        out
     }
 }
 

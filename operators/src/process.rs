@@ -262,16 +262,15 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         f: F,
     ) -> DataStream<O> {
         let key_fn = self.key_fn.clone();
-        self.stream
-            .add_operator(name, self.partitioning(), move |info| {
-                Ok(ProcessOperator {
-                    key_fn: key_fn.clone(),
-                    f: f.clone(),
-                    store: store_for(info),
-                    timers: TimerService::new(),
-                    watermark: None,
-                })
+        self.add_keyed_operator(name, move |info| {
+            Ok(ProcessOperator {
+                key_fn: key_fn.clone(),
+                f: f.clone(),
+                store: store_for(info),
+                timers: TimerService::new(),
+                watermark: None,
             })
+        })
     }
 }
 

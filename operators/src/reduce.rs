@@ -61,13 +61,12 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     pub fn reduce<F: Fn(&T, T) -> T + Send + Sync + 'static>(&self, f: F) -> DataStream<T> {
         let f = Arc::new(f);
         let key_fn = self.key_fn.clone();
-        self.stream
-            .add_operator("reduce", self.partitioning(), move |info| {
-                Ok(ReduceOperator {
-                    key_fn: key_fn.clone(),
-                    f: f.clone(),
-                    store: store_for(info),
-                })
+        self.add_keyed_operator("reduce", move |info| {
+            Ok(ReduceOperator {
+                key_fn: key_fn.clone(),
+                f: f.clone(),
+                store: store_for(info),
             })
+        })
     }
 }

@@ -60,6 +60,8 @@ pub(crate) struct Node {
     pub parallelism: usize,
     pub kind: NodeKind,
     pub runner: Arc<dyn NodeRunner>,
+    /// A keyed operator's [`crate::KeyRoute`], if its key stream declared one.
+    pub key_route: Option<crate::KeyRoute>,
 }
 
 /// Builds the channels of one edge.

@@ -34,7 +34,7 @@ pub use execute::JobResult;
 pub use graph::OperatorFactory;
 pub use operator::Operator;
 pub use output::Partitioning;
-pub use stream::{DataStream, StopHandle, StreamEnvironment};
+pub use stream::{DataStream, KeyRoute, StopHandle, StreamEnvironment};
 pub use watermark::{
     BoundedOutOfOrderness, SourceWatermarks, WatermarkGenerator, WatermarkStrategy,
 };

@@ -37,6 +37,12 @@ impl StopHandle {
     }
 }
 
+/// How a keyed operator's key is routed to a task outside this process, when its state is
+/// partitioned over many processes (a scaled-out job's changelog partitions): maps a key's
+/// state encoding (`state::format`) to the bytes whose hash names the key's task, e.g. the
+/// key's Kafka key bytes. Within a process keys still go to subtasks by key group.
+pub type KeyRoute = Arc<dyn Fn(&[u8]) -> crate::Result<Vec<u8>> + Send + Sync>;
+
 /// Builds a job; [`StreamEnvironment::execute`] runs it.
 #[derive(Clone)]
 pub struct StreamEnvironment {
@@ -93,8 +99,26 @@ impl StreamEnvironment {
             parallelism,
             kind,
             runner,
+            key_route: None,
         });
         id
+    }
+
+    /// Uses `writer` for the keyed state changelog (as `JobConfig::state_changelog`), set
+    /// after the pipeline is built, when the keyed operators and their
+    /// [`key routes`](StreamEnvironment::key_routes) are known.
+    pub fn set_state_changelog(&self, writer: Arc<dyn crate::state::ChangelogWriter>) {
+        self.graph.borrow_mut().config.state_changelog = Some(writer);
+    }
+
+    /// The keyed operators whose key stream declared a [`KeyRoute`], by node uid.
+    pub fn key_routes(&self) -> Vec<(String, KeyRoute)> {
+        self.graph
+            .borrow()
+            .nodes
+            .iter()
+            .filter_map(|n| n.key_route.clone().map(|r| (n.uid.clone(), r)))
+            .collect()
     }
 
     /// Adds a source; each subtask is created by `factory`.
@@ -149,6 +173,25 @@ impl<T: Data> DataStream<T> {
             }
         }
         self
+    }
+
+    /// Declares how the node(s) producing this stream (keyed operators) route a key to a
+    /// task outside this process: `route` maps a key's state encoding to the bytes that
+    /// decide its task (e.g. its Kafka key bytes). See [`KeyRoute`].
+    pub fn set_key_route(&self, route: KeyRoute) {
+        let mut g = self.env.graph.borrow_mut();
+        for p in &self.producers {
+            g.nodes[*p].key_route = Some(route.clone());
+        }
+    }
+
+    /// The uids of the node(s) producing this stream.
+    pub fn node_uids(&self) -> Vec<String> {
+        let g = self.env.graph.borrow();
+        self.producers
+            .iter()
+            .map(|p| g.nodes[*p].uid.clone())
+            .collect()
     }
 
     /// Merges two streams of the same type (no extra task: consumers read both).

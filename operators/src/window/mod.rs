@@ -97,12 +97,9 @@ impl<K: Key, T: Data> WindowedStream<K, T> {
     ) -> WindowedResults<K, F::Out, T> {
         let spec = self.spec.clone();
         let f = Arc::new(f);
-        let stream = self
-            .keyed
-            .stream
-            .add_operator(name, self.keyed.partitioning(), move |info| {
-                WindowOperator::new(spec.clone(), f.clone(), info)
-            });
+        let stream = self.keyed.add_keyed_operator(name, move |info| {
+            WindowOperator::new(spec.clone(), f.clone(), info)
+        });
         WindowedResults { stream }
     }
 

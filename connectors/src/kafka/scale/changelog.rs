@@ -59,7 +59,7 @@ impl ChangelogRecord {
     }
 }
 
-type Route = Arc<dyn Fn(&[u8]) -> onceflow_runtime::Result<Vec<u8>> + Send + Sync>;
+type Route = onceflow_runtime::KeyRoute;
 
 /// The changelog of one keyed operator: its topic, partition count and how a key's Kafka
 /// bytes are found from its state encoding.
@@ -88,6 +88,23 @@ impl ChangelogTopic {
                 let key: K = onceflow_runtime::state::format::decode(encoded)?;
                 Ok(key.key_bytes())
             }),
+        }
+    }
+
+    /// The changelog of the keyed operator `node_uid` whose key stream declared `route`
+    /// (the runtime's [`onceflow_runtime::KeyRoute`]: a key's state encoding to its Kafka
+    /// bytes), as [`ChangelogTopic::new`] otherwise.
+    pub fn routed(
+        prefix: &str,
+        node_uid: &str,
+        partitions: i32,
+        route: onceflow_runtime::KeyRoute,
+    ) -> Self {
+        ChangelogTopic {
+            node_uid: node_uid.to_string(),
+            topic: changelog_topic_name(prefix, node_uid),
+            partitions,
+            route,
         }
     }
 
