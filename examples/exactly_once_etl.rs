@@ -71,9 +71,9 @@ fn main() {
         .demo(move |at| demo_support::start_demo(at, rate, demo::record, demo::Ids::default()))
         .main(|input, out| {
             let dlq = out.dead_letter_topic();
-            let records = input
-                .map(parse)
-                .key_by(|r: &Parsed| match r {
+            let parsed = input.map(parse);
+            let records = out
+                .key_by(&parsed, |r: &Parsed| match r {
                     Parsed::Good(i) => i.key.clone(),
                     Parsed::Bad { .. } => DLQ_KEY.to_string(),
                 })

@@ -85,6 +85,19 @@ impl Dataset {
 }
 
 impl Dataset {
+    /// The same records, each on the partition Kafka's default partitioner gives its key
+    /// (murmur2 of the key bytes): input partitioned by the key, as a scaled-out job without
+    /// a repartition topic needs it.
+    pub fn partitioned_by_key(&self) -> Dataset {
+        let mut d = self.clone();
+        for r in &mut d.records {
+            r.partition =
+                onceflow_connectors::kafka::scale::task_of(r.key.as_bytes(), PARTITIONS as u32)
+                    as i32;
+        }
+        d
+    }
+
     /// The same expectations with only `records[range]` as input to produce (a part of the
     /// input produced at another moment).
     pub fn part(&self, range: std::ops::Range<usize>) -> Dataset {

@@ -49,6 +49,14 @@ pub struct KafkaJobArgs {
     /// client of the job; keeps secrets off the command line.
     #[arg(long, value_name = "PATH")]
     pub kafka_properties_file: Option<PathBuf>,
+    /// Run as one instance of a scaled-out job (`docs/SCALE-OUT.md`): this instance's stable
+    /// name among the instances sharing `--group` and `--transactional-id-prefix`
+    /// (letters, digits, `.`, `_`, `-`). Needs `--mode transactional-offsets` and `--brokers`.
+    #[arg(long, value_name = "NAME")]
+    pub instance_id: Option<String>,
+    /// Scaled-out mode: an instance silent for this long loses its partitions to the others.
+    #[arg(long, default_value_t = 10_000)]
+    pub session_timeout_ms: u64,
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -82,6 +90,9 @@ pub(crate) struct Settings {
     pub allowance: Duration,
     pub parallelism: usize,
     pub properties: ClientProperties,
+    /// Scaled-out mode: this instance's name.
+    pub instance_id: Option<String>,
+    pub session_timeout: Duration,
 }
 
 impl KafkaJobArgs {
@@ -113,6 +124,9 @@ impl KafkaJobArgs {
             properties.set_assignment(assignment)?;
         }
         check_mode_security(self.mode, &properties)?;
+        if let Some(id) = &self.instance_id {
+            check_instance_id(id, self.mode, self.brokers.is_some())?;
+        }
         if self.brokers.is_none() && !properties.is_plaintext() {
             return Err(KafkaError::Config(format!(
                 "security.protocol={} needs --brokers: the embedded broker listens on PLAINTEXT only",
@@ -139,12 +153,41 @@ impl KafkaJobArgs {
             allowance: Duration::from_millis(self.recovery_allowance_ms),
             parallelism: rt.parallelism,
             properties,
+            instance_id: self.instance_id.clone(),
+            session_timeout: Duration::from_millis(self.session_timeout_ms),
         };
         if s.mode.is_transactional() {
             crate::kafka::validate_transaction_timeout(s.timeout, s.interval, s.allowance, None)?;
         }
         Ok(s)
     }
+}
+
+/// `--instance-id`: a name usable in a transactional id, for a transactional-offsets job on
+/// a cluster (instances of one job must share one).
+fn check_instance_id(id: &str, mode: DeliveryMode, has_brokers: bool) -> Result<()> {
+    if id.is_empty()
+        || !id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(KafkaError::Config(format!(
+            "--instance-id `{id}`: use letters, digits, `.`, `_` and `-` only"
+        )));
+    }
+    if mode != DeliveryMode::TransactionalOffsets {
+        return Err(KafkaError::Config(format!(
+            "--instance-id runs one instance of a scaled-out job, which needs --mode transactional-offsets (this is --mode {}; two-phase commit scales up with --parallelism in one process)",
+            mode_name(mode)
+        )));
+    }
+    if !has_brokers {
+        return Err(KafkaError::Config(
+            "--instance-id needs --brokers: the instances of a scaled-out job share one cluster"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The flag value of a mode.
@@ -229,6 +272,33 @@ mod tests {
             "transactional-offsets",
             "--kafka-property",
             "security.protocol=SSL"
+        ]));
+        // scaled-out instances: transactional-offsets on a cluster, with a usable name
+        assert!(refused(&["job", "--brokers", "h:1", "--instance-id", "a"]));
+        assert!(refused(&[
+            "job",
+            "--mode",
+            "transactional-offsets",
+            "--instance-id",
+            "a"
+        ]));
+        assert!(refused(&[
+            "job",
+            "--brokers",
+            "h:1",
+            "--mode",
+            "transactional-offsets",
+            "--instance-id",
+            "node a"
+        ]));
+        assert!(!refused(&[
+            "job",
+            "--brokers",
+            "h:1",
+            "--mode",
+            "transactional-offsets",
+            "--instance-id",
+            "node-a.1"
         ]));
         assert!(!refused(&[
             "job",

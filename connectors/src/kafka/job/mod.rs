@@ -35,6 +35,7 @@ mod failpoint;
 mod instance;
 mod outputs;
 mod permissions;
+mod scaled;
 mod startup;
 mod watcher;
 
@@ -51,6 +52,7 @@ use onceflow_runtime::{
 pub use args::KafkaJobArgs;
 pub use exit::{exit_code, init_tracing};
 pub use outputs::KafkaOutputs;
+pub use scaled::{DATAFLOWS, REBALANCE_PAUSE_SECONDS};
 
 use crate::kafka::{Decoder, KafkaError, KafkaMessage, KafkaSinkConfig, KafkaSource, Result};
 use embedded::Embedded;
@@ -79,7 +81,7 @@ pub struct JobPlacement {
 }
 
 /// What a finished run reports (also printed as the `job stopped:` line).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct JobSummary {
     /// Records this run read from the input (every one is in the committed output).
     pub processed: u64,
@@ -179,7 +181,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
     /// Runs the job (see the module docs), then exits the process with the code of the
     /// outcome ([`exit_code`]); errors are printed as `error: ...` on stderr. Sets up
     /// tracing from `RUST_LOG` first.
-    pub fn main(self, pipeline: impl FnOnce(DataStream<T>, &mut KafkaOutputs)) -> ! {
+    pub fn main(self, pipeline: impl Fn(DataStream<T>, &mut KafkaOutputs)) -> ! {
         init_tracing();
         let code = match self.run(pipeline) {
             Ok(_) => exit_code::OK,
@@ -193,11 +195,10 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
 
     /// Runs the job until it is stopped (SIGTERM, Ctrl-C, `--max-records`,
     /// `--exit-when-idle-ms`) or fails. `pipeline` turns the input stream into records for
-    /// one or more sinks of [`KafkaOutputs`].
-    pub fn run(
-        self,
-        pipeline: impl FnOnce(DataStream<T>, &mut KafkaOutputs),
-    ) -> Result<JobSummary> {
+    /// one or more sinks of [`KafkaOutputs`]. With `--instance-id` the process is one
+    /// instance of a scaled-out job (`docs/SCALE-OUT.md`): `pipeline` then builds a new
+    /// dataflow at every change of the instance's assignment.
+    pub fn run(self, pipeline: impl Fn(DataStream<T>, &mut KafkaOutputs)) -> Result<JobSummary> {
         let s = self.args.settings(&self.name)?;
         if let Some(addr) = self.args.metrics_listen {
             metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -210,6 +211,27 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             .enable_all()
             .build()
             .map_err(|e| KafkaError::Protocol(format!("cannot start a tokio runtime: {e}")))?;
+
+        if let (Some(instance), Some(brokers)) = (&s.instance_id, &self.args.brokers) {
+            let dir = self.args.runtime.checkpoint_dir.clone().unwrap_or_else(|| {
+                PathBuf::from("./onceflow-checkpoints").join(format!("{}-{instance}", self.name))
+            });
+            let sink_cfg = KafkaSinkConfig::new(brokers.clone(), s.output.clone())
+                .mode(s.mode)
+                .transactional_id_prefix(s.prefix.clone())
+                .transaction_timeout(s.timeout)
+                .checkpoint_interval(s.interval)
+                .recovery_allowance(s.allowance)
+                .client_properties(s.properties.clone());
+            let (instance, brokers) = (instance.clone(), brokers.clone());
+            let outcome =
+                self.run_instance(&s, &instance, &brokers, &dir, &helper, sink_cfg, pipeline);
+            if let Ok(summary) = &outcome {
+                tracing::info!(%summary, "instance finished");
+                say(format!("job stopped: {summary}"));
+            }
+            return outcome;
+        }
 
         // where: the given cluster, or the bundled broker in this process
         let (brokers, embedded, checkpoint_dir) = match &self.args.brokers {

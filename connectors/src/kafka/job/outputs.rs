@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use onceflow_runtime::{CheckpointId, CompletionHook, DataStream, StopHandle};
+use onceflow_operators::{KeyBy, KeyedStream};
+use onceflow_runtime::{CheckpointId, CompletionHook, Data, DataStream, Key, StopHandle};
 
 use super::args::{mode_name, Settings};
 use super::{failpoint, say};
@@ -97,6 +98,22 @@ impl KafkaOutputs {
     /// Stops the job with a final checkpoint (like SIGTERM) when called.
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
+    }
+
+    /// Keys `stream` by `key` for keyed state (reduce, aggregate, process, windows), like the
+    /// operators' `key_by`, and routes each key to its task by its Kafka bytes
+    /// ([`KafkaKey`](crate::kafka::scale::KafkaKey)): in a scaled-out job (`--instance-id`)
+    /// the instance owning input partition `p` owns the state of the keys whose task is `p`,
+    /// and the keyed state's changelog partitions follow it. The input must then be
+    /// partitioned by this key as Kafka's default partitioner does it (murmur2 of the key
+    /// bytes): a producer writing records keyed by the key does that.
+    pub fn key_by<K, T, F>(&mut self, stream: &DataStream<T>, key: F) -> KeyedStream<K, T>
+    where
+        K: Key + crate::kafka::scale::KafkaKey,
+        T: Data,
+        F: Fn(&T) -> K + Send + Sync + 'static,
+    {
+        stream.key_by(key).routed_by(|k: &K| k.key_bytes())
     }
 
     /// Writes `records` to the output topic (a record with a topic goes to that topic).

@@ -29,6 +29,39 @@ pub(crate) struct Started {
     pub _claim: Option<PrefixClaim>,
 }
 
+/// Checks the transaction timeout against the broker's transaction.max.timeout.ms, when the
+/// broker tells it.
+pub(crate) fn check_broker_max_timeout(
+    s: &Settings,
+    brokers: &str,
+    helper: &tokio::runtime::Runtime,
+    sink_cfg: &KafkaSinkConfig,
+) -> Result<()> {
+    let max_timeout = match ClientSecurity::unsupported(&sink_cfg.client_properties) {
+        None => ClientSecurity::from_properties(
+            &sink_cfg.client_properties,
+            "reading the broker's transaction.max.timeout.ms",
+        )
+        .map(|security| {
+            helper.block_on(committer::broker_max_transaction_timeout(
+                brokers, &security,
+            ))
+        })?,
+        // onceflow's own client cannot connect with these properties; the broker enforces
+        // its maximum itself (InitProducerId fails with INVALID_TRANSACTION_TIMEOUT)
+        Some(_) => Ok(None),
+    };
+    match max_timeout {
+        Ok(Some(max)) => validate_transaction_timeout(s.timeout, s.interval, s.allowance, Some(max))?,
+        Ok(None) => tracing::info!(
+            "the broker does not report transaction.max.timeout.ms; skipping the broker-maximum check"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot read the broker's transaction.max.timeout.ms; skipping that check"),
+    }
+
+    Ok(())
+}
+
 /// Runs the protocol for a job whose sinks write with `sink_cfg`. `restore` is what the
 /// non-transactional modes restore (the flag or latest).
 pub(crate) fn start(
@@ -60,27 +93,7 @@ pub(crate) fn start(
         });
     }
 
-    let max_timeout = match ClientSecurity::unsupported(&sink_cfg.client_properties) {
-        None => ClientSecurity::from_properties(
-            &sink_cfg.client_properties,
-            "reading the broker's transaction.max.timeout.ms",
-        )
-        .map(|security| {
-            helper.block_on(committer::broker_max_transaction_timeout(
-                brokers, &security,
-            ))
-        })?,
-        // onceflow's own client cannot connect with these properties; the broker enforces
-        // its maximum itself (InitProducerId fails with INVALID_TRANSACTION_TIMEOUT)
-        Some(_) => Ok(None),
-    };
-    match max_timeout {
-        Ok(Some(max)) => validate_transaction_timeout(s.timeout, s.interval, s.allowance, Some(max))?,
-        Ok(None) => tracing::info!(
-            "the broker does not report transaction.max.timeout.ms; skipping the broker-maximum check"
-        ),
-        Err(e) => tracing::warn!(error = %e, "cannot read the broker's transaction.max.timeout.ms; skipping that check"),
-    }
+    check_broker_max_timeout(s, brokers, helper, sink_cfg)?;
 
     // a different job using this prefix would fence our transactions (and we its): refuse
     let identity = std::fs::canonicalize(dir)

@@ -1,0 +1,377 @@
+//! One instance of a scaled-out job (`--instance-id`, `docs/SCALE-OUT.md`): the instance joins
+//! the job's consumer group and runs a dataflow over the partitions the group gave it. Each
+//! assignment change ends that dataflow and builds the next one:
+//!
+//! - partitions being revoked: the member's revoke callback stops the dataflow with a final
+//!   checkpoint and waits until it ended, so its output, changelog and input offsets are
+//!   committed (or, for partitions already lost to the group, refused by the group
+//!   generation) before another instance may own them;
+//! - partitions gained: they are not read by the running dataflow (its source reads only the
+//!   partitions of the assignment it was built for), which stops; the next dataflow restores
+//!   the keyed state of every owned task from its changelog before it reads a record.
+//!
+//! Every dataflow starts with a new instance producer (`init_transactions` of
+//! `{prefix}-{instance}-offsets` aborts whatever the previous one left open) and keyed state
+//! from the changelog only: the local checkpoint directory is not restored from.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use onceflow_runtime::{
+    CheckpointEvent, RestoreMode, SourceWatermarks, StopHandle, StreamEnvironment,
+};
+
+use super::args::Settings;
+use super::outputs::{KafkaOutputs, Progress};
+use super::watcher::spawn_watcher;
+use super::{failpoint, instance, permissions, say, startup, JobSummary, KafkaJob};
+use crate::kafka::scale::{
+    ensure_changelog_topics, ChangelogTopic, InstanceMember, MemberConfig, RebalanceListener,
+    StateChangelog, TopicPartition,
+};
+use crate::kafka::{
+    Decoder, KafkaError, KafkaSinkConfig, KafkaSource, OffsetsLink, PrefixClaim, Result,
+};
+
+/// Histogram: seconds from an assignment change to the next dataflow's start (every sink
+/// recovered, every owned task restored).
+pub const REBALANCE_PAUSE_SECONDS: &str = "onceflow_rebalance_pause_seconds";
+/// Counter: dataflows an instance built, label `reason` (`start`, `rebalance`, `failure`).
+pub const DATAFLOWS: &str = "onceflow_scale_dataflows_total";
+
+/// Consecutive failed dataflows after which the instance gives up.
+const MAX_FAILURES: u32 = 5;
+
+/// The running dataflow as the member's rebalance callbacks see it.
+#[derive(Default)]
+struct Slot {
+    /// Stops the running dataflow (with a final checkpoint).
+    stop: Option<StopHandle>,
+    /// A dataflow is running (from its registration until `execute` returned).
+    running: bool,
+    /// The assignment changed: the running (or next) dataflow is for an old one.
+    changed: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Shared {
+    slot: Mutex<Slot>,
+    ended: Condvar,
+    /// SIGTERM or Ctrl-C: stop the instance, not only the dataflow.
+    signalled: AtomicBool,
+    /// How long a revoke waits for the dataflow's final commit.
+    stop_limit: Duration,
+}
+
+impl Shared {
+    fn slot(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the assignment changed and stops the running dataflow.
+    fn changed(&self) -> MutexGuard<'_, Slot> {
+        let mut slot = self.slot();
+        slot.changed.get_or_insert_with(Instant::now);
+        if let Some(stop) = &slot.stop {
+            stop.stop();
+        }
+        slot
+    }
+}
+
+struct Listener(Arc<Shared>);
+
+impl RebalanceListener for Listener {
+    fn revoking(&self, partitions: &[TopicPartition], lost: bool) {
+        let mut slot = self.0.changed();
+        let t0 = Instant::now();
+        while slot.running {
+            let (s, timeout) = self
+                .0
+                .ended
+                .wait_timeout(slot, Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner());
+            slot = s;
+            if timeout.timed_out() && t0.elapsed() > self.0.stop_limit {
+                tracing::error!(
+                    partitions = partitions.len(),
+                    "the dataflow did not stop within the transaction timeout; releasing the partitions (its commit will be refused by the group generation)"
+                );
+                break;
+            }
+        }
+        tracing::info!(
+            partitions = partitions.len(),
+            lost,
+            waited_ms = t0.elapsed().as_millis() as u64,
+            "dataflow over the revoked partitions ended"
+        );
+    }
+
+    fn assigned(&self, partitions: &[TopicPartition]) {
+        if !partitions.is_empty() {
+            drop(self.0.changed());
+        }
+    }
+}
+
+/// Stops the instance on SIGTERM and Ctrl-C, whether a dataflow runs or the next one is
+/// being built (the runtime's own handler lives only while a dataflow runs).
+fn watch_signals(helper: &tokio::runtime::Runtime, shared: Arc<Shared>) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let _guard = helper.enter();
+    for kind in [SignalKind::terminate(), SignalKind::interrupt()] {
+        let mut sig =
+            signal(kind).map_err(|e| KafkaError::Config(format!("cannot watch signals: {e}")))?;
+        let shared = shared.clone();
+        helper.spawn(async move {
+            while sig.recv().await.is_some() {
+                shared.signalled.store(true, Ordering::SeqCst);
+                if let Some(stop) = &shared.slot().stop {
+                    stop.stop();
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The identity under which the instances of one job claim the transactional id prefix:
+/// instances share it, a different job (another input, output or group) does not.
+fn job_fingerprint(name: &str, s: &Settings) -> String {
+    format!(
+        "scaled-out job={name} input={} output={} group={}",
+        s.input, s.output, s.group
+    )
+}
+
+impl<T: onceflow_runtime::Data> KafkaJob<T> {
+    /// Runs this process as instance `instance` of a scaled-out job until it is stopped.
+    pub(crate) fn run_instance(
+        self,
+        s: &Settings,
+        instance: &str,
+        brokers: &str,
+        checkpoint_dir: &Path,
+        helper: &tokio::runtime::Runtime,
+        sink_cfg: KafkaSinkConfig,
+        pipeline: impl Fn(onceflow_runtime::DataStream<T>, &mut KafkaOutputs),
+    ) -> Result<JobSummary> {
+        let Some(lock) = instance::try_lock(checkpoint_dir)? else {
+            return Err(KafkaError::Config(format!(
+                "checkpoint directory {} is in use by another running instance; every instance needs its own --checkpoint-dir",
+                checkpoint_dir.display()
+            )));
+        };
+        permissions::verify(s, brokers, helper, &sink_cfg)?;
+        startup::check_broker_max_timeout(s, brokers, helper, &sink_cfg)?;
+        let claim = PrefixClaim::claim(
+            brokers,
+            &s.properties,
+            &s.prefix,
+            &job_fingerprint(&self.name, s),
+        )?;
+        // this instance's own transactional ids: instances never fence each other, a restart
+        // of this instance fences its previous incarnation
+        let mut instance_cfg = sink_cfg.clone();
+        instance_cfg.transactional_id_prefix = format!("{}-{instance}", s.prefix);
+
+        let shared = Arc::new(Shared {
+            stop_limit: s.timeout,
+            ..Shared::default()
+        });
+        watch_signals(helper, shared.clone())?;
+        let mut member_cfg = MemberConfig::new(
+            brokers,
+            s.group.clone(),
+            vec![s.input.clone()],
+            instance.to_string(),
+        );
+        member_cfg.session_timeout = s.session_timeout;
+        member_cfg.client_properties = s.properties.clone();
+        let member =
+            InstanceMember::start(&member_cfg, Arc::new(Listener(shared.clone())), &s.input)?;
+        let partitions = member.partitions() as i32;
+        let first_wait = (s.session_timeout * 3).max(Duration::from_secs(60));
+        let t0 = Instant::now();
+        while member.member().latest_assignment() == 0 {
+            if shared.signalled.load(Ordering::SeqCst) {
+                return Ok(JobSummary::default());
+            }
+            if t0.elapsed() > first_wait {
+                return Err(KafkaError::Protocol(format!(
+                    "instance {instance} got no assignment from group {} within {} s",
+                    s.group,
+                    first_wait.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+
+        let mut totals = JobSummary::default();
+        let mut changelog_ready = false;
+        let mut failures = 0u32;
+        let mut reason = "start";
+        let mut pause_from: Option<Instant> = None;
+        loop {
+            if shared.signalled.load(Ordering::SeqCst) {
+                break;
+            }
+            {
+                let mut slot = shared.slot();
+                pause_from = pause_from.or(slot.changed.take());
+            }
+            let assignment = member.pin_assignment();
+            let owned: BTreeMap<i32, u64> = member.owned_as_built(&s.input);
+            let tasks: Vec<i32> = owned.keys().copied().collect();
+            say(format!(
+                "instance {instance}: dataflow for assignment {assignment}, partitions {tasks:?}"
+            ));
+            metrics::counter!(DATAFLOWS, "reason" => reason).increment(1);
+
+            let link = OffsetsLink::new();
+            link.fence_previous(&instance_cfg, s.parallelism)?;
+            let config = self
+                .args
+                .runtime
+                .to_config(&self.name)
+                .checkpoint_dir(checkpoint_dir)
+                .restore(RestoreMode::None)
+                .checkpoint_listener(|ev| {
+                    if let CheckpointEvent::Completed(n) = ev {
+                        say(format!("checkpoint {n} complete"));
+                        failpoint::hit("after-checkpoint-complete", n);
+                    }
+                });
+            let env = StreamEnvironment::new(config);
+            let stop = env.stop_handle();
+            let progress = Arc::new(Progress::default());
+            progress
+                .processed
+                .store(totals.processed, Ordering::Relaxed);
+            let counter = progress.clone();
+            let inner = self.decoder.clone();
+            let decoder = Decoder::from_owned(move |m| {
+                counter.processed.fetch_add(1, Ordering::Relaxed);
+                inner.decode_owned(m)
+            });
+            let source = KafkaSource::new(brokers.to_string(), s.input.clone(), decoder)
+                .transactional_offsets(link.clone())
+                .in_group(member.clone());
+            let input = match &self.watermarks {
+                Some(w) => env.source("kafka-in", source.with_watermarks(w.clone())),
+                None => env.source("kafka-in", source),
+            };
+            let mut outputs = KafkaOutputs::new(
+                instance_cfg.clone(),
+                Some(link.clone()),
+                None,
+                s.clone(),
+                progress.clone(),
+                stop.clone(),
+            );
+            pipeline(input, &mut outputs);
+            outputs.check(&self.name)?;
+
+            let topics: Vec<ChangelogTopic> = env
+                .key_routes()
+                .into_iter()
+                .map(|(uid, route)| ChangelogTopic::routed(&s.prefix, &uid, partitions, route))
+                .collect();
+            if !changelog_ready {
+                helper.block_on(ensure_changelog_topics(brokers, &s.properties, &topics, -1))?;
+                changelog_ready = true;
+            }
+            env.set_state_changelog(Arc::new(
+                StateChangelog::new(link.clone(), topics).restoring_from(
+                    brokers.to_string(),
+                    s.properties.clone(),
+                    member.clone(),
+                ),
+            ));
+
+            {
+                let mut slot = shared.slot();
+                if slot.changed.is_some() || shared.signalled.load(Ordering::SeqCst) {
+                    // the assignment moved on while this dataflow was built: build the next
+                    reason = "rebalance";
+                    continue;
+                }
+                slot.stop = Some(stop.clone());
+                slot.running = true;
+            }
+            let watcher_done = Arc::new(AtomicBool::new(false));
+            spawn_watcher(
+                progress.clone(),
+                stop,
+                watcher_done.clone(),
+                self.args.max_records,
+                self.args.exit_when_idle_ms.map(Duration::from_millis),
+                false,
+            );
+            let started = progress.clone();
+            let pause_at = pause_from.take();
+            let pause_watch = std::thread::spawn({
+                let done = watcher_done.clone();
+                move || {
+                    while !done.load(Ordering::Relaxed) {
+                        if started.started() {
+                            if let Some(t) = pause_at {
+                                metrics::histogram!(REBALANCE_PAUSE_SECONDS)
+                                    .record(t.elapsed().as_secs_f64());
+                            }
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            });
+            let result = env.execute_blocking();
+            watcher_done.store(true, Ordering::Relaxed);
+            let _ = pause_watch.join();
+            let rebalanced = {
+                let mut slot = shared.slot();
+                slot.stop = None;
+                slot.running = false;
+                shared.ended.notify_all();
+                slot.changed.is_some()
+            };
+            totals.processed = progress.processed.load(Ordering::Relaxed);
+            match result {
+                Ok(r) => {
+                    failures = 0;
+                    totals.completed_checkpoints += r.completed_checkpoints;
+                    totals.last_checkpoint = r.last_checkpoint.or(totals.last_checkpoint);
+                    if !rebalanced || shared.signalled.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    reason = "rebalance";
+                    say(format!(
+                        "instance {instance}: assignment changed, rebuilding the dataflow"
+                    ));
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures >= MAX_FAILURES || shared.signalled.load(Ordering::SeqCst) {
+                        return Err(KafkaError::from(e));
+                    }
+                    // a zombie's commit is refused by the group generation; a commit that
+                    // fails aborts its transaction: the next dataflow starts from what the
+                    // group committed
+                    reason = "failure";
+                    tracing::warn!(error = %e, failures, "dataflow failed; rebuilding it from the group's committed offsets and the changelog");
+                    say(format!(
+                        "instance {instance}: dataflow failed ({e}); rebuilding it"
+                    ));
+                }
+            }
+        }
+        drop(member);
+        drop(claim);
+        drop(lock);
+        Ok(totals)
+    }
+}
