@@ -88,7 +88,8 @@ fn instances_killed_and_started_keep_the_output_exact() {
             let names: Vec<String> = running.keys().cloned().collect();
             let name = names[rng.random_range(0..names.len())].clone();
             let p = running.get_mut(&name).expect("running");
-            // on an event it reports: its next commit (or its start, if it owns nothing)
+            // on an event it reports: its next commit (none if it owns nothing)
+            skip_to_end(p);
             let _ = p.next_line(Duration::from_secs(30), |l| {
                 checkpoint_number(l, "committed").is_some()
             });
@@ -136,6 +137,167 @@ fn instances_killed_and_started_keep_the_output_exact() {
         report.is_exact(),
         "output after {changes} membership changes:\n{report}"
     );
+    drop(broker);
+    finish_dir(dir);
+}
+
+/// Moves `p`'s line cursor past every line printed so far.
+fn skip_to_end(p: &mut Proc) {
+    while p.next_line(Duration::ZERO, |_| true).is_some() {}
+}
+
+/// The partitions an instance's latest dataflow was built for, from its stdout.
+fn partitions_of_line(line: &str) -> Option<Vec<i32>> {
+    let list = line.split("partitions [").nth(1)?.split(']').next()?;
+    Some(
+        list.split(',')
+            .filter_map(|p| p.trim().parse().ok())
+            .collect(),
+    )
+}
+
+fn owns_all(line: &str) -> bool {
+    line.contains("dataflow for assignment")
+        && partitions_of_line(line).is_some_and(|p| p.len() == PARTITIONS as usize)
+}
+
+/// An instance stopped on purpose hands its tasks to the other one, which continues their
+/// totals from the changelog: the stopped instance's checkpoint directory is deleted first,
+/// so nothing can come from its disk. Started again, it takes tasks back the same way.
+#[test]
+fn a_moved_task_continues_its_totals_from_the_changelog() {
+    let _machine = exclusive();
+    let test = "eos_scale_out_moved";
+    let dir = scenario_dir(test);
+    let mut base = JobArgs::new("transactional-offsets", dir.path());
+    base.prefix = "scale-moved".into();
+    base.group = "scale-moved".into();
+    base.transaction_timeout_ms = Some(8_000);
+    let (broker, data) = setup(dir.path(), &base, 12_000, seed(test));
+    let data = data.partitioned_by_key();
+    let bootstrap = broker.bootstrap().to_string();
+    let producer = produce_paced(
+        &bootstrap,
+        &base.input,
+        &data,
+        40,
+        Duration::from_millis(300),
+    );
+
+    let mut a = start(&bootstrap, &base, dir.path(), "node-a", "a-1");
+    let mut b = start(&bootstrap, &base, dir.path(), "node-b", "b-1");
+    // both own tasks, and a has committed some of its keys' totals
+    let shared = b.wait_line(Duration::from_secs(120), |l| {
+        l.contains("dataflow for assignment")
+            && partitions_of_line(l).is_some_and(|p| !p.is_empty() && p.len() < PARTITIONS as usize)
+    });
+    assert!(
+        shared.is_some(),
+        "b never shared the work\n{}",
+        b.describe()
+    );
+    let committed = a.next_line(Duration::from_secs(60), |l| {
+        checkpoint_number(l, "committed").is_some()
+    });
+    assert!(committed.is_some(), "a committed nothing\n{}", a.describe());
+    a.stop_gracefully(Duration::from_secs(60));
+    std::fs::remove_dir_all(instance_args(&base, dir.path(), "node-a").checkpoint_dir)
+        .expect("delete a's checkpoint directory");
+    let all = b.next_line(Duration::from_secs(60), owns_all);
+    assert!(all.is_some(), "b never took a's tasks\n{}", b.describe());
+
+    // a again, with an empty directory: it takes tasks back from b
+    let mut a = start(&bootstrap, &base, dir.path(), "node-a", "a-2");
+    producer.join().expect("input producer");
+    let mut tail = Tail::new(&bootstrap, &base.output, &base.dlq());
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !tail.complete(&data) && Instant::now() < deadline {
+        tail.poll_for(&data, Duration::from_secs(1));
+    }
+    a.stop_gracefully(Duration::from_secs(60));
+    b.stop_gracefully(Duration::from_secs(60));
+    let restored = std::fs::read_to_string(dir.path().join("job-b-1.stderr.log"))
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("keyed state restored from the changelog") && !l.contains("records=0"));
+    assert!(restored, "b restored no keyed state from the changelog");
+    let report = check_output(&bootstrap, &base, &data);
+    eprintln!("[eos] {test}\n{report}");
+    assert!(report.is_exact(), "output after moving tasks:\n{report}");
+    drop(broker);
+    finish_dir(dir);
+}
+
+/// An instance frozen (SIGSTOP) past its session timeout loses its tasks to the other one;
+/// resumed, it cannot commit any more (the group generation of its offsets is refused, its
+/// transaction aborts): the first thing it reports is a failed dataflow, then it rejoins, and
+/// the output stays exact. Checkpoints are 2 s apart and the freeze follows a commit at
+/// once, so the zombie holds no commit already under way.
+#[test]
+fn a_frozen_instance_cannot_commit_after_its_session_expired() {
+    let _machine = exclusive();
+    let test = "eos_scale_out_zombie";
+    let dir = scenario_dir(test);
+    let mut base = JobArgs::new("transactional-offsets", dir.path());
+    base.prefix = "scale-zombie".into();
+    base.group = "scale-zombie".into();
+    base.checkpoint_interval_ms = 2_000;
+    base.transaction_timeout_ms = Some(8_000);
+    let (broker, data) = setup(dir.path(), &base, 12_000, seed(test));
+    let data = data.partitioned_by_key();
+    let bootstrap = broker.bootstrap().to_string();
+    let producer = produce_paced(
+        &bootstrap,
+        &base.input,
+        &data,
+        40,
+        Duration::from_millis(300),
+    );
+
+    let mut a = start(&bootstrap, &base, dir.path(), "node-a", "a");
+    let mut b = start(&bootstrap, &base, dir.path(), "node-b", "b");
+    let shared = a.wait_line(Duration::from_secs(120), |l| {
+        l.contains("dataflow for assignment")
+            && partitions_of_line(l).is_some_and(|p| !p.is_empty() && p.len() < PARTITIONS as usize)
+    });
+    assert!(
+        shared.is_some(),
+        "a never shared the work\n{}",
+        a.describe()
+    );
+    // skip to a's latest line, then freeze it right after its next commit
+    skip_to_end(&mut a);
+    let committed = a.next_line(Duration::from_secs(60), |l| {
+        checkpoint_number(l, "committed").is_some()
+    });
+    assert!(committed.is_some(), "a committed nothing\n{}", a.describe());
+    assert!(a.suspend(), "a had exited\n{}", a.describe());
+    let all = b.next_line(Duration::from_secs(90), owns_all);
+    assert!(all.is_some(), "b never took a's tasks\n{}", b.describe());
+    a.resume();
+    let next = a.next_line(Duration::from_secs(120), |l| {
+        checkpoint_number(l, "committed").is_some() || l.contains("dataflow failed")
+    });
+    assert!(
+        next.as_deref()
+            .is_some_and(|l| l.contains("dataflow failed")),
+        "the resumed zombie's next event was {next:?}, not a refused commit\n{}",
+        a.describe()
+    );
+    let rejoined = a.next_line(Duration::from_secs(120), |l| l == "job started");
+    assert!(rejoined.is_some(), "a did not rejoin\n{}", a.describe());
+
+    producer.join().expect("input producer");
+    let mut tail = Tail::new(&bootstrap, &base.output, &base.dlq());
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !tail.complete(&data) && Instant::now() < deadline {
+        tail.poll_for(&data, Duration::from_secs(1));
+    }
+    a.stop_gracefully(Duration::from_secs(60));
+    b.stop_gracefully(Duration::from_secs(60));
+    let report = check_output(&bootstrap, &base, &data);
+    eprintln!("[eos] {test}: zombie's first event after resume: {next:?}\n{report}");
+    assert!(report.is_exact(), "output after the zombie:\n{report}");
     drop(broker);
     finish_dir(dir);
 }

@@ -223,9 +223,8 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 .checkpoint_interval(s.interval)
                 .recovery_allowance(s.allowance)
                 .client_properties(s.properties.clone());
-            let (instance, brokers) = (instance.clone(), brokers.clone());
-            let outcome =
-                self.run_instance(&s, &instance, &brokers, &dir, &helper, sink_cfg, pipeline);
+            let brokers = brokers.clone();
+            let outcome = self.run_instance(&s, &brokers, &dir, &helper, sink_cfg, pipeline);
             if let Ok(summary) = &outcome {
                 tracing::info!(%summary, "instance finished");
                 say(format!("job stopped: {summary}"));

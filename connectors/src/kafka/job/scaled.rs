@@ -42,7 +42,8 @@ pub const REBALANCE_PAUSE_SECONDS: &str = "onceflow_rebalance_pause_seconds";
 /// Counter: dataflows an instance built, label `reason` (`start`, `rebalance`, `failure`).
 pub const DATAFLOWS: &str = "onceflow_scale_dataflows_total";
 
-/// Consecutive failed dataflows after which the instance gives up.
+/// Consecutive failed dataflows after which the instance gives up (50 refused by the group
+/// count as 5 others).
 const MAX_FAILURES: u32 = 5;
 
 /// The running dataflow as the member's rebalance callbacks see it.
@@ -139,6 +140,19 @@ fn watch_signals(helper: &tokio::runtime::Runtime, shared: Arc<Shared>) -> Resul
     Ok(())
 }
 
+/// Whether a failed dataflow's error is the group refusing its commit: the stale generation
+/// or member id of an instance whose assignment moved on (librdkafka's error texts).
+fn refused_by_the_group(error: &str) -> bool {
+    [
+        "group generation id is not valid",
+        "Unknown member",
+        "rebalance in progress",
+        "Fenced instance",
+    ]
+    .iter()
+    .any(|m| error.contains(m))
+}
+
 /// The identity under which the instances of one job claim the transactional id prefix:
 /// instances share it, a different job (another input, output or group) does not.
 fn job_fingerprint(name: &str, s: &Settings) -> String {
@@ -149,17 +163,21 @@ fn job_fingerprint(name: &str, s: &Settings) -> String {
 }
 
 impl<T: onceflow_runtime::Data> KafkaJob<T> {
-    /// Runs this process as instance `instance` of a scaled-out job until it is stopped.
+    /// Runs this process as instance `s.instance_id` of a scaled-out job until it is stopped.
     pub(crate) fn run_instance(
         self,
         s: &Settings,
-        instance: &str,
         brokers: &str,
         checkpoint_dir: &Path,
         helper: &tokio::runtime::Runtime,
         sink_cfg: KafkaSinkConfig,
         pipeline: impl Fn(onceflow_runtime::DataStream<T>, &mut KafkaOutputs),
     ) -> Result<JobSummary> {
+        let Some(instance) = s.instance_id.as_deref() else {
+            return Err(KafkaError::Config(
+                "a scaled-out instance needs --instance-id".into(),
+            ));
+        };
         let Some(lock) = instance::try_lock(checkpoint_dir)? else {
             return Err(KafkaError::Config(format!(
                 "checkpoint directory {} is in use by another running instance; every instance needs its own --checkpoint-dir",
@@ -354,8 +372,15 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                     ));
                 }
                 Err(e) => {
-                    failures += 1;
-                    if failures >= MAX_FAILURES || shared.signalled.load(Ordering::SeqCst) {
+                    // a commit the group refused (stale generation or member id, a commit
+                    // racing a rebalance) is what a rebalance costs, not a fault: only other
+                    // failures count toward giving up (the group ones are bounded too)
+                    failures += if refused_by_the_group(&e.to_string()) {
+                        1
+                    } else {
+                        10
+                    };
+                    if failures >= MAX_FAILURES * 10 || shared.signalled.load(Ordering::SeqCst) {
                         return Err(KafkaError::from(e));
                     }
                     // a zombie's commit is refused by the group generation; a commit that
@@ -373,5 +398,24 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
         drop(claim);
         drop(lock);
         Ok(totals)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_by_the_group;
+
+    #[test]
+    fn commits_refused_by_the_group_are_told_from_other_failures() {
+        // as a zombie's commit fails (seen from librdkafka against the bundled broker)
+        assert!(refused_by_the_group(
+            "transaction aborted: transactional-offsets commit of checkpoint 38 failed: send_offsets_to_transaction: Transaction error: Failed to commit offsets to transaction on broker 127.0.0.1:37517/0: eos-input((null))[2](Broker: Specified group generation id is not valid)"
+        ));
+        assert!(refused_by_the_group(
+            "send_offsets_to_transaction: ... (Broker: Unknown member)"
+        ));
+        assert!(!refused_by_the_group(
+            "delivery failed: Broker: Topic authorization failed"
+        ));
     }
 }
