@@ -35,6 +35,7 @@ ALL=(
   onceflow:eos_windowed_takeover
   onceflow:jobs_page
   onceflow:eos_security
+  onceflow:eos_scale_out
   onceflow-connectors:crash_exactly_once
   onceflow-connectors:window_crash
   onceflow-connectors:recovery
