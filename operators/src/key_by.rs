@@ -73,6 +73,11 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         self
     }
 
+    /// The key route declared with [`KeyedStream::routed_by`], if any.
+    pub fn route(&self) -> Option<KeyRoute> {
+        self.route.clone()
+    }
+
     /// Adds a keyed operator reading this stream by key group, with the stream's key route.
     pub(crate) fn add_keyed_operator<Out: Data, Op: Operator<T, Out>>(
         &self,

@@ -54,6 +54,11 @@ pub struct KafkaJobArgs {
     /// (letters, digits, `.`, `_`, `-`). Needs `--mode transactional-offsets` and `--brokers`.
     #[arg(long, value_name = "NAME")]
     pub instance_id: Option<String>,
+    /// Scaled-out mode: the input is already partitioned by the key of `KafkaOutputs::key_by`
+    /// (Kafka's default partitioner on the key's bytes), so keyed records need no
+    /// repartition topic.
+    #[arg(long)]
+    pub input_partitioned_by_key: bool,
     /// Scaled-out mode: an instance silent for this long loses its partitions to the others.
     #[arg(long, default_value_t = 10_000)]
     pub session_timeout_ms: u64,
@@ -93,6 +98,7 @@ pub(crate) struct Settings {
     /// Scaled-out mode: this instance's name.
     pub instance_id: Option<String>,
     pub session_timeout: Duration,
+    pub input_partitioned_by_key: bool,
 }
 
 impl KafkaJobArgs {
@@ -155,6 +161,7 @@ impl KafkaJobArgs {
             properties,
             instance_id: self.instance_id.clone(),
             session_timeout: Duration::from_millis(self.session_timeout_ms),
+            input_partitioned_by_key: self.input_partitioned_by_key,
         };
         if s.mode.is_transactional() {
             crate::kafka::validate_transaction_timeout(s.timeout, s.interval, s.allowance, None)?;
