@@ -98,6 +98,16 @@ impl Dataset {
         d
     }
 
+    /// The same records spread round-robin over `partitions` partitions (record `i` of the
+    /// input on partition `i % partitions`), for a topic with another partition count.
+    pub fn spread_over(&self, partitions: i32) -> Dataset {
+        let mut d = self.clone();
+        for (i, r) in d.records.iter_mut().enumerate() {
+            r.partition = (i as i32) % partitions;
+        }
+        d
+    }
+
     /// The same expectations with only `records[range]` as input to produce (a part of the
     /// input produced at another moment).
     pub fn part(&self, range: std::ops::Range<usize>) -> Dataset {
