@@ -21,6 +21,6 @@ pub use member::{GroupMember, MemberConfig, RebalanceListener, TopicPartition};
 pub use queues::{InstanceMember, RecordQueue};
 pub use repartition::{
     ensure_repartition_topics, key_by_through, repartition_topic_name, Repartition,
-    RepartitionTopic, REPARTITION_RECORDS,
+    RepartitionSink, RepartitionTopic, RepartitionWriter, REPARTITION_RECORDS,
 };
 pub use source::{GroupSource, GroupSourceReader};

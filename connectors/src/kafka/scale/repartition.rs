@@ -138,6 +138,20 @@ impl Repartition {
     pub fn topic(&self) -> &RepartitionTopic {
         &self.topic
     }
+
+    /// The repartition writer alone (what [`key_by_through`] adds as a sink): a sink whose
+    /// subtasks write each record to `task_of(key)` of the topic in the instance transaction.
+    pub fn writer<T: Data, K: Key + KafkaKey>(
+        &self,
+        key: impl Fn(&T) -> K + Send + Sync + 'static,
+    ) -> RepartitionSink<T, K> {
+        RepartitionSink {
+            cfg: self.sink.clone(),
+            link: self.link.clone(),
+            topic: self.topic.clone(),
+            key: Arc::new(key),
+        }
+    }
 }
 
 /// Keys `stream` by `key` through the repartition topic of `through`: adds a repartition
@@ -152,6 +166,7 @@ pub fn key_by_through<K: Key + KafkaKey, T: Data>(
 ) -> KeyedStream<K, T> {
     let key: KeyOf<T, K> = Arc::new(key);
     let topic = through.topic.clone();
+    let route = key.clone();
     tracing::info!(
         topic = %topic.name,
         partitions = topic.partitions,
@@ -159,15 +174,7 @@ pub fn key_by_through<K: Key + KafkaKey, T: Data>(
         key = std::any::type_name::<K>(),
         "keyed exchange through a repartition topic"
     );
-    stream.sink(
-        "repartition-writer",
-        RepartitionSink {
-            cfg: through.sink.clone(),
-            link: through.link.clone(),
-            topic: topic.clone(),
-            key: key.clone(),
-        },
-    );
+    stream.sink("repartition-writer", through.writer(move |t: &T| route(t)));
     let name = topic.name.clone();
     let decode: Decode<T> = Arc::new(move |m: KafkaMessage| decode_record(&name, m));
     let reader = GroupSource::decoding(
@@ -207,8 +214,8 @@ fn decode_record<T: Data>(topic: &str, m: KafkaMessage) -> crate::kafka::Result<
 
 type KeyOf<T, K> = Arc<dyn Fn(&T) -> K + Send + Sync>;
 
-/// The repartition writer's sink factory.
-struct RepartitionSink<T, K> {
+/// The repartition writer's sink factory ([`Repartition::writer`]).
+pub struct RepartitionSink<T, K> {
     cfg: KafkaSinkConfig,
     link: OffsetsLink,
     topic: RepartitionTopic,
@@ -229,7 +236,7 @@ impl<T: Data, K: Key + KafkaKey> SinkFactory<T> for RepartitionSink<T, K> {
 
 /// One repartition writer subtask: a transactional-offsets sink subtask whose records go to
 /// their key's task of the repartition topic.
-struct RepartitionWriter<T, K> {
+pub struct RepartitionWriter<T, K> {
     writer: OffsetsWriter,
     topic: RepartitionTopic,
     key: KeyOf<T, K>,
