@@ -545,6 +545,30 @@ mod tests {
     }
 
     #[test]
+    fn a_commit_waits_for_every_subtask_of_every_source() {
+        let link = OffsetsLink::new();
+        link.register_source("n00-input", 2, None);
+        link.register_source("n03-repartition_reader", 2, None);
+        let pos = |topic: &str, p: i32| KafkaPosition {
+            topic: topic.into(),
+            offsets: vec![(p, 10)],
+        };
+        link.record_positions(4, "n00-input", 0, &pos("in", 0));
+        link.record_positions(4, "n00-input", 1, &pos("in", 1));
+        // the same subtask indices of the other source do not count for it
+        link.record_positions(4, "n03-repartition_reader", 1, &pos("rp", 1));
+        let err = link.source_offsets(4).unwrap_err().to_string();
+        assert!(
+            err.contains("source n03-repartition_reader: 1 of 2 subtasks"),
+            "{err}"
+        );
+        link.record_positions(4, "n03-repartition_reader", 0, &pos("rp", 0));
+        // complete: only the group metadata is missing here
+        let err = link.source_offsets(4).unwrap_err().to_string();
+        assert!(err.contains("no consumer group metadata"), "{err}");
+    }
+
+    #[test]
     fn changelog_records_of_a_checkpoint_that_never_committed_go_with_the_next_commit() {
         let link = OffsetsLink::new();
         link.write_for_checkpoint(3, vec![record(3)]);
