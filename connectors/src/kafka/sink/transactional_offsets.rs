@@ -557,14 +557,20 @@ mod tests {
         link.record_positions(4, "n00-input", 1, &pos("in", 1));
         // the same subtask indices of the other source do not count for it
         link.record_positions(4, "n03-repartition_reader", 1, &pos("rp", 1));
-        let err = link.source_offsets(4).unwrap_err().to_string();
+        let Err(err) = link.source_offsets(4) else {
+            panic!("one subtask of the repartition reader is missing")
+        };
+        let err = err.to_string();
         assert!(
             err.contains("source n03-repartition_reader: 1 of 2 subtasks"),
             "{err}"
         );
         link.record_positions(4, "n03-repartition_reader", 0, &pos("rp", 0));
         // complete: only the group metadata is missing here
-        let err = link.source_offsets(4).unwrap_err().to_string();
+        let Err(err) = link.source_offsets(4) else {
+            panic!("no group metadata was registered")
+        };
+        let err = err.to_string();
         assert!(err.contains("no consumer group metadata"), "{err}");
     }
 
