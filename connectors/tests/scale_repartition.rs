@@ -113,8 +113,9 @@ fn member(brokers: &str, group: &str, repartition: &str, instance: &str) -> Inst
 }
 
 /// Waits until the members own every partition of the input and the repartition topic
-/// between them, each partition once, and every member owns some: the group settled.
-fn wait_settled(members: &[&InstanceMember], repartition: &str) {
+/// between them, each partition once, and every member owns some: the group settled. Pins
+/// each member's assignment and returns what each owns.
+fn wait_settled(members: &[&InstanceMember], repartition: &str) -> Vec<BTreeSet<TopicPartition>> {
     let all: BTreeSet<TopicPartition> = [INPUT, repartition]
         .iter()
         .flat_map(|t| {
@@ -135,7 +136,7 @@ fn wait_settled(members: &[&InstanceMember], repartition: &str) {
                 m.pin_assignment();
                 eprintln!("settled: {} partitions owned: {o:?}", o.len());
             }
-            return;
+            return owned;
         }
         assert!(Instant::now() < deadline, "group not settled: {owned:?}");
         std::thread::sleep(Duration::from_millis(50));
@@ -364,7 +365,19 @@ fn two_instances_sum_exactly_and_each_key_has_one_owner() {
 
     let a = member(&brokers, "rp-two-group", &repartition.name, "node-a");
     let b = member(&brokers, "rp-two-group", &repartition.name, "node-b");
-    wait_settled(&[&a, &b], &repartition.name);
+    let owned = wait_settled(&[&a, &b], &repartition.name);
+    // the instance that owns a key's task of the repartition topic
+    let owner_of = |key: &str| -> &str {
+        let task = TopicPartition {
+            topic: repartition.name.clone(),
+            partition: task_of(&key.key_bytes(), PARTITIONS as u32) as i32,
+        };
+        if owned[0].contains(&task) {
+            "node-a"
+        } else {
+            "node-b"
+        }
+    };
     run(
         &brokers,
         "rp-two",
@@ -379,7 +392,11 @@ fn two_instances_sum_exactly_and_each_key_has_one_owner() {
     let (last, writers) = output(&brokers);
     assert_eq!(last, want, "each key's last total is the sum of its inputs");
     for (key, instances) in &writers {
-        assert_eq!(instances.len(), 1, "{key} written by {instances:?}");
+        assert_eq!(
+            instances,
+            &BTreeSet::from([owner_of(key).to_string()]),
+            "{key} written only by the owner of its task"
+        );
     }
     let by: BTreeSet<&String> = writers.values().flatten().collect();
     eprintln!("output written by {by:?}");
