@@ -4,7 +4,8 @@
 //! read_committed in the job's group before the keyed reduce. Totals are exact with one and
 //! with two instances (each key's output from one instance only), every repartition record
 //! lies on its key's task, the group's committed offsets cover the input and the repartition
-//! topic, and the repartition records of a transaction that does not commit are invisible.
+//! topic, the repartition records of a transaction that does not commit are invisible, and a
+//! new instance restores the state of the repartition topic's tasks (not the input's).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -36,6 +37,18 @@ const KEYS: usize = 31;
 /// reader n03, reduce n04, to-record n05, sink n06.
 const REDUCE: &str = "n04-reduce";
 const MAX_PARALLELISM: usize = 128;
+
+/// An input topic and its partition count.
+struct Input {
+    topic: &'static str,
+    partitions: i32,
+}
+
+/// The input of most tests: as many partitions as the repartition topic.
+const IN: Input = Input {
+    topic: INPUT,
+    partitions: PARTITIONS,
+};
 
 struct Quiet;
 
@@ -82,7 +95,13 @@ fn ensure_topics(brokers: &str, repartition: &RepartitionTopic, changelog: &Chan
 /// on every partition); the expected final sum per key.
 fn input(brokers: &str) -> BTreeMap<String, u64> {
     let mut sums = BTreeMap::new();
-    let values: Vec<String> = (0..RECORDS)
+    produce(brokers, &IN, 0, RECORDS, &mut sums);
+    sums
+}
+
+/// Produces lines `from..to` to `input` and adds them to `sums`.
+fn produce(brokers: &str, input: &Input, from: usize, to: usize, sums: &mut BTreeMap<String, u64>) {
+    let values: Vec<String> = (from..to)
         .map(|i| {
             let key = format!("k{}", (i * 7) % KEYS);
             let amount = (i % 13) as u64 + 1;
@@ -90,8 +109,7 @@ fn input(brokers: &str) -> BTreeMap<String, u64> {
             format!("{i},{key},{amount}")
         })
         .collect();
-    produce_values(brokers, INPUT, PARTITIONS, &values);
-    sums
+    produce_values(brokers, input.topic, input.partitions, &values);
 }
 
 fn parse(m: KafkaMessage) -> (String, u64) {
@@ -103,28 +121,48 @@ fn parse(m: KafkaMessage) -> (String, u64) {
 }
 
 fn member(brokers: &str, group: &str, repartition: &str, instance: &str) -> InstanceMember {
-    let config = MemberConfig::new(
+    member_of(brokers, &IN, group, repartition, instance)
+}
+
+fn member_of(
+    brokers: &str,
+    input: &Input,
+    group: &str,
+    repartition: &str,
+    instance: &str,
+) -> InstanceMember {
+    let mut config = MemberConfig::new(
         brokers,
         group,
-        vec![INPUT.into(), repartition.into()],
+        vec![input.topic.into(), repartition.into()],
         instance,
     );
-    InstanceMember::start(&config, Arc::new(Quiet), INPUT).expect("member")
+    config.session_timeout = Duration::from_secs(6);
+    InstanceMember::start(&config, Arc::new(Quiet), input.topic).expect("member")
 }
 
 /// Waits until the members own every partition of the input and the repartition topic
 /// between them, each partition once, and every member owns some: the group settled. Pins
 /// each member's assignment and returns what each owns.
 fn wait_settled(members: &[&InstanceMember], repartition: &str) -> Vec<BTreeSet<TopicPartition>> {
-    let all: BTreeSet<TopicPartition> = [INPUT, repartition]
-        .iter()
-        .flat_map(|t| {
-            (0..PARTITIONS).map(|p| TopicPartition {
-                topic: t.to_string(),
-                partition: p,
+    wait_settled_on(members, &IN, repartition)
+}
+
+fn wait_settled_on(
+    members: &[&InstanceMember],
+    input: &Input,
+    repartition: &str,
+) -> Vec<BTreeSet<TopicPartition>> {
+    let all: BTreeSet<TopicPartition> =
+        [(input.topic, input.partitions), (repartition, PARTITIONS)]
+            .iter()
+            .flat_map(|(t, n)| {
+                (0..*n).map(|p| TopicPartition {
+                    topic: t.to_string(),
+                    partition: p,
+                })
             })
-        })
-        .collect();
+            .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let owned: Vec<BTreeSet<TopicPartition>> =
@@ -147,6 +185,7 @@ fn wait_settled(members: &[&InstanceMember], repartition: &str) -> Vec<BTreeSet<
 /// transactional-offsets sink; each output value is `sum,instance`.
 fn pipeline(
     brokers: &str,
+    input: &str,
     prefix: &str,
     instance: &str,
     member: InstanceMember,
@@ -176,7 +215,7 @@ fn pipeline(
     let parsed = env
         .source(
             "input",
-            KafkaSource::new(brokers, INPUT, Decoder::raw())
+            KafkaSource::new(brokers, input, Decoder::raw())
                 .transactional_offsets(link.clone())
                 .in_group(member),
         )
@@ -197,6 +236,19 @@ fn pipeline(
 /// Runs the instances' dataflows in threads until the group committed the whole input and
 /// every repartition record, then stops them.
 fn run(brokers: &str, prefix: &str, group: &str, instances: &[(&str, InstanceMember)]) {
+    run_on(brokers, &IN, RECORDS, prefix, group, instances)
+}
+
+/// Runs the instances' dataflows on `input` until the group committed `records` input records
+/// and as many repartition records, then stops them.
+fn run_on(
+    brokers: &str,
+    input: &Input,
+    records: usize,
+    prefix: &str,
+    group: &str,
+    instances: &[(&str, InstanceMember)],
+) {
     let (repartition, _) = job_topics(prefix);
     let mut jobs = Vec::new();
     for (instance, member) in instances {
@@ -205,8 +257,9 @@ fn run(brokers: &str, prefix: &str, group: &str, instances: &[(&str, InstanceMem
         let prefix = prefix.to_string();
         let instance = instance.to_string();
         let member = member.clone();
+        let topic = input.topic;
         let job = std::thread::spawn(move || {
-            let env = pipeline(&brokers, &prefix, &instance, member);
+            let env = pipeline(&brokers, topic, &prefix, &instance, member);
             let _ = stop_tx.send(env.stop_handle());
             env.execute_blocking()
         });
@@ -217,11 +270,11 @@ fn run(brokers: &str, prefix: &str, group: &str, instances: &[(&str, InstanceMem
         for (_, job) in &jobs {
             assert!(!job.is_finished(), "a dataflow ended early");
         }
-        let input_done = committed_offsets(brokers, group, INPUT, PARTITIONS)
+        let input_done = committed_offsets(brokers, group, input.topic, input.partitions)
             .values()
             .sum::<i64>()
-            >= RECORDS as i64;
-        if input_done && repartition_committed(brokers, group, &repartition.name) {
+            >= records as i64;
+        if input_done && repartition_committed(brokers, group, &repartition.name, records) {
             break;
         }
         assert!(
@@ -239,10 +292,10 @@ fn run(brokers: &str, prefix: &str, group: &str, instances: &[(&str, InstanceMem
 }
 
 /// Whether the group's committed offset of every repartition partition lies past its last
-/// committed record (read_committed), and all `RECORDS` records were written.
-fn repartition_committed(brokers: &str, group: &str, topic: &str) -> bool {
+/// committed record (read_committed), and `want` records were written.
+fn repartition_committed(brokers: &str, group: &str, topic: &str, want: usize) -> bool {
     let records = read_topic(brokers, topic, true);
-    if records.len() < RECORDS {
+    if records.len() < want {
         return false;
     }
     let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
@@ -603,4 +656,65 @@ fn a_repartition_topic_of_the_wrong_shape_is_refused_at_start() {
     let fresh = [RepartitionTopic::new("fresh", "sum", PARTITIONS)];
     block_on(ensure_repartition_topics(&brokers, &props, &fresh, -1)).expect("created");
     block_on(ensure_repartition_topics(&brokers, &props, &fresh, -1)).expect("checked");
+}
+
+#[test]
+fn a_new_instance_restores_the_tasks_of_the_repartition_topic() {
+    // the input has 2 partitions, the repartition topic (and the changelog) 4: a restore that
+    // took its tasks from the input would miss the state of tasks 2 and 3
+    const NARROW: Input = Input {
+        topic: "rp-narrow",
+        partitions: 2,
+    };
+    let broker = broker();
+    let brokers = broker.bootstrap();
+    create_topics(&brokers, &[NARROW.topic], NARROW.partitions);
+    create_topics(&brokers, &[OUTPUT], PARTITIONS);
+    let (repartition, changelog) = job_topics("rp-restore");
+    ensure_topics(&brokers, &repartition, &changelog);
+    let mut sums = BTreeMap::new();
+
+    produce(&brokers, &NARROW, 0, 1_000, &mut sums);
+    let a = member_of(
+        &brokers,
+        &NARROW,
+        "rp-restore-group",
+        &repartition.name,
+        "node-a",
+    );
+    wait_settled_on(&[&a], &NARROW, &repartition.name);
+    run_on(
+        &brokers,
+        &NARROW,
+        1_000,
+        "rp-restore",
+        "rp-restore-group",
+        &[("node-a", a)],
+    );
+    assert_eq!(output(&brokers).0, sums, "node-a's totals");
+
+    // node-a is gone; node-b, another instance without local state, takes every task once
+    // node-a's session expired
+    produce(&brokers, &NARROW, 1_000, 2_000, &mut sums);
+    let b = member_of(
+        &brokers,
+        &NARROW,
+        "rp-restore-group",
+        &repartition.name,
+        "node-b",
+    );
+    wait_settled_on(&[&b], &NARROW, &repartition.name);
+    run_on(
+        &brokers,
+        &NARROW,
+        2_000,
+        "rp-restore",
+        "rp-restore-group",
+        &[("node-b", b)],
+    );
+    assert_eq!(
+        output(&brokers).0,
+        sums,
+        "node-b's totals continue node-a's: the state of every repartition task was restored"
+    );
 }
