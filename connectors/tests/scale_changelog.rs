@@ -169,6 +169,16 @@ fn folding_the_committed_changelog_gives_the_final_keyed_state() {
         INPUT,
     )
     .expect("member");
+    // the dataflow reads the partitions owned when it is built: wait for the assignment
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while member.member().owned().len() < PARTITIONS as usize {
+        assert!(
+            Instant::now() < deadline,
+            "owns {:?}",
+            member.member().owned()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (stop_tx, stop_rx) = std::sync::mpsc::channel();
     let job = {
         let brokers = brokers.clone();
@@ -294,6 +304,16 @@ async fn changelog_records_of_a_transaction_that_does_not_commit_are_invisible()
         INPUT,
     )
     .expect("member");
+    // the source reads the partitions owned when it is created: wait for the assignment
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while member.member().owned().len() < PARTITIONS as usize {
+        assert!(
+            Instant::now() < deadline,
+            "owns {:?}",
+            member.member().owned()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let link = OffsetsLink::new();
     let changelog = StateChangelog::new(link.clone(), topics.clone());
     let source = KafkaSource::new(brokers.clone(), INPUT, Decoder::raw())

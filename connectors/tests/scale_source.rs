@@ -100,6 +100,8 @@ async fn one_instance_two_subtasks_read_each_record_once_and_commit_the_offsets(
     let sent = input(&brokers);
 
     let inst = member(&brokers, "scale-one", "node-a");
+    // the source reads the partitions owned when it is created: wait for the assignment
+    wait_owned(&[&inst], PARTITIONS as usize);
     let link = OffsetsLink::new();
     let source = KafkaSource::new(brokers.clone(), INPUT, Decoder::raw())
         .transactional_offsets(link.clone())

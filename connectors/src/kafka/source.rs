@@ -96,19 +96,26 @@ impl<T> KafkaSource<T> {
     }
 
     /// Scaled-out mode (`docs/SCALE-OUT.md`): the instance's group member owns the
-    /// subscription and each source subtask reads the partition queues of the partitions the
-    /// group assigned to the instance. The member's input topic replaces this source's topic;
-    /// brokers, group and consumer properties are the member's. With an [`OffsetsLink`] the
-    /// positions and the member's group metadata go to the transactional-offsets sink.
-    pub fn in_group(self, member: super::scale::InstanceMember) -> super::scale::GroupSource<T> {
-        if member.topic() != self.topic {
+    /// subscription and each source subtask reads the partition queues of the partitions of
+    /// this source's topic the group assigned to the instance. A topic the member does not
+    /// subscribe to is read as the member's input topic (with a warning); brokers, group and
+    /// consumer properties are the member's. With an [`OffsetsLink`] the positions and the
+    /// member's group metadata go to the transactional-offsets sink.
+    pub fn in_group(self, member: super::scale::InstanceMember) -> super::scale::GroupSource<T>
+    where
+        T: 'static,
+    {
+        let topic = if member.partitions_of(&self.topic).is_some() {
+            self.topic
+        } else {
             tracing::warn!(
                 source_topic = %self.topic,
                 member_topic = member.topic(),
                 "the scaled-out source reads the member's input topic"
             );
-        }
-        super::scale::GroupSource::new(member, self.decoder, self.link)
+            member.topic().to_string()
+        };
+        super::scale::GroupSource::new(member, topic, self.decoder, self.link)
     }
 }
 
@@ -150,6 +157,8 @@ pub struct KafkaSourceReader<T> {
     positions: BTreeMap<i32, i64>,
     assigned: bool,
     link: Option<OffsetsLink>,
+    /// The source node's uid: the link keeps positions per (node, subtask).
+    node_uid: String,
     subtask: usize,
     parallelism: usize,
     last_transient_log: std::time::Instant,
@@ -247,7 +256,7 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
                     positions.insert(e.partition(), o);
                 }
             }
-            link.register_source(info.parallelism, consumer.group_metadata());
+            link.register_source(&info.node_uid, info.parallelism, consumer.group_metadata());
             tracing::info!(subtask = info.index, ?positions, group = %self.group, "kafka source starts from the group's committed offsets");
         }
         Ok(KafkaSourceReader {
@@ -258,6 +267,7 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
             positions,
             assigned: false,
             link: self.link.clone(),
+            node_uid: info.node_uid.clone(),
             subtask: info.index,
             parallelism: info.parallelism,
             last_transient_log: std::time::Instant::now()
@@ -446,7 +456,7 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
             offsets: self.positions.iter().map(|(p, o)| (*p, *o)).collect(),
         };
         if let Some(link) = &self.link {
-            link.record_positions(checkpoint, self.subtask, &pos);
+            link.record_positions(checkpoint, &self.node_uid, self.subtask, &pos);
         }
         Ok(pos)
     }

@@ -5,7 +5,9 @@
 //! `bincode(value)` or a tombstone, partition = the key's task, murmur2 of the key's Kafka
 //! bytes) and hands them to the [`OffsetsLink`] for checkpoint `n`, which commits them with
 //! that checkpoint's output and offsets. [`ensure_changelog_topics`] creates the topics at
-//! start, or refuses existing ones of the wrong shape.
+//! start, or refuses existing ones of the wrong shape. A changelog's tasks are the partitions
+//! of the topic that feeds its operator ([`ChangelogTopic::fed_by`]): the job's repartition
+//! topic when the operator reads one, else the input topic.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,20 +41,25 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a restore waits without any record or partition end before it gives up.
 const RESTORE_SILENCE: Duration = Duration::from_secs(60);
 
-/// One changelog record, bound for the transaction of the checkpoint that released it.
+/// A record bound for one partition of one of the job's internal topics (a changelog or a
+/// repartition topic), written in the instance transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChangelogRecord {
-    /// The operator's changelog topic.
+pub struct RoutedRecord {
+    /// The topic.
     pub topic: String,
     /// The key's task.
     pub partition: i32,
-    /// `bincode((operator, table, key))`.
+    /// Changelog: `bincode((operator, table, key))`; repartition: the key's Kafka bytes.
     pub key: Vec<u8>,
-    /// `bincode(value)`, `None` for a removed key (a tombstone).
+    /// Changelog: `bincode(value)`, `None` for a removed key (a tombstone); repartition:
+    /// `bincode(record)`.
     pub value: Option<Vec<u8>>,
 }
 
-impl ChangelogRecord {
+/// One changelog record, bound for the transaction of the checkpoint that released it.
+pub type ChangelogRecord = RoutedRecord;
+
+impl RoutedRecord {
     /// Bytes of key and value.
     pub fn size(&self) -> usize {
         self.key.len() + self.value.as_ref().map_or(0, Vec::len)
@@ -69,6 +76,8 @@ pub struct ChangelogTopic {
     topic: String,
     partitions: i32,
     route: Route,
+    /// The topic whose partitions are the operator's tasks; `None`: the member's input topic.
+    task_topic: Option<String>,
 }
 
 impl ChangelogTopic {
@@ -88,6 +97,7 @@ impl ChangelogTopic {
                 let key: K = onceflow_runtime::state::format::decode(encoded)?;
                 Ok(key.key_bytes())
             }),
+            task_topic: None,
         }
     }
 
@@ -105,7 +115,21 @@ impl ChangelogTopic {
             topic: changelog_topic_name(prefix, node_uid),
             partitions,
             route,
+            task_topic: None,
         }
+    }
+
+    /// The operator reads `topic` (a repartition topic): a restore reads the changelog
+    /// partitions of the partitions of `topic` the instance owns. Without it they are those
+    /// of the member's input topic.
+    pub fn fed_by(mut self, topic: impl Into<String>) -> Self {
+        self.task_topic = Some(topic.into());
+        self
+    }
+
+    /// The topic whose partitions are the operator's tasks, if not the input topic.
+    pub fn task_topic(&self) -> Option<&str> {
+        self.task_topic.as_deref()
     }
 
     /// The topic name.
@@ -164,7 +188,8 @@ impl StateChangelog {
     }
 
     /// Restores every keyed operator subtask from its changelog when the dataflow is set up:
-    /// the partitions of the tasks `member` owns then (a task is an input partition), read
+    /// the partitions of the tasks `member` owns then (a task is a partition of the topic
+    /// feeding the operator: [`ChangelogTopic::fed_by`], else the input topic), read
     /// read_committed from the beginning to their end and folded, last change per key
     /// winning. Build the dataflow after the member received its assignment.
     pub fn restoring_from(
@@ -310,8 +335,8 @@ impl ChangelogWriter for StateChangelog {
             return Ok(None);
         };
         let started = std::time::Instant::now();
-        let input = from.member.topic();
-        let tasks: Vec<i32> = from.member.owned_as_built(input).into_keys().collect();
+        let task_topic = topic.task_topic().unwrap_or(from.member.topic());
+        let tasks: Vec<i32> = from.member.owned_as_built(task_topic).into_keys().collect();
         let changes = read_changelog(from, &topic.topic, node_uid, &tasks, max_parallelism)?;
         let records = changes.len();
         let groups: Vec<KeyGroupSnapshot> = onceflow_runtime::state::snapshots_from_changes(
@@ -322,6 +347,7 @@ impl ChangelogWriter for StateChangelog {
         tracing::info!(
             operator = node_uid,
             topic = %topic.topic,
+            task_topic,
             tasks = ?tasks,
             records,
             key_groups = groups.len(),
@@ -341,6 +367,54 @@ pub async fn ensure_changelog_topics(
     topics: &[ChangelogTopic],
     replication: i32,
 ) -> crate::kafka::Result<()> {
+    let specs: Vec<InternalTopic<'_>> = topics
+        .iter()
+        .map(|t| InternalTopic {
+            name: &t.topic,
+            partitions: t.partitions,
+        })
+        .collect();
+    ensure_internal_topics(brokers, properties, &specs, replication, &CHANGELOG_KIND).await
+}
+
+/// One internal topic of a job: its name and partition count.
+pub(crate) struct InternalTopic<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) partitions: i32,
+}
+
+/// What kind of internal topic [`ensure_internal_topics`] creates and checks.
+pub(crate) struct TopicKind {
+    /// `changelog`, `repartition`: names the topics in messages.
+    pub(crate) name: &'static str,
+    /// The `cleanup.policy` the topics are created with and must include.
+    pub(crate) policy: &'static str,
+    /// Why the partition count must match.
+    pub(crate) partitions_why: &'static str,
+    /// Why another cleanup policy is refused.
+    pub(crate) policy_why: &'static str,
+}
+
+const CHANGELOG_KIND: TopicKind = TopicKind {
+    name: "changelog",
+    policy: "compact",
+    partitions_why: "one per task of the stream feeding the operator",
+    policy_why: "a changelog must be compacted (cleanup.policy=compact), or deleting old \
+                 segments would lose keys' state",
+};
+
+/// Creates each topic of `topics` that does not exist (`kind`'s cleanup policy, its partition
+/// count, `replication` replicas, -1 for the broker's default) and checks each one that does:
+/// a topic with another partition count or a `cleanup.policy` without `kind`'s is refused
+/// with a message saying which topic and what differs.
+pub(crate) async fn ensure_internal_topics(
+    brokers: &str,
+    properties: &ClientProperties,
+    topics: &[InternalTopic<'_>],
+    replication: i32,
+    kind: &TopicKind,
+) -> crate::kafka::Result<()> {
+    let what = kind.name;
     let admin: AdminClient<DefaultClientContext> = properties
         .client_config(brokers)
         .create()
@@ -349,21 +423,21 @@ pub async fn ensure_changelog_topics(
     let new: Vec<NewTopic<'_>> = topics
         .iter()
         .map(|t| {
-            NewTopic::new(&t.topic, t.partitions, TopicReplication::Fixed(replication))
-                .set("cleanup.policy", "compact")
+            NewTopic::new(t.name, t.partitions, TopicReplication::Fixed(replication))
+                .set("cleanup.policy", kind.policy)
         })
         .collect();
     let created = admin
         .create_topics(&new, &opts)
         .await
-        .map_err(|e| KafkaError::client("creating changelog topics", e))?;
+        .map_err(|e| KafkaError::client(format!("creating {what} topics"), e))?;
     for r in created {
         match r {
-            Ok(t) => tracing::info!(topic = %t, "changelog topic created"),
+            Ok(t) => tracing::info!(topic = %t, kind = what, "internal topic created"),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((t, e)) => {
                 return Err(KafkaError::Config(format!(
-                    "cannot create changelog topic {t}: {e}"
+                    "cannot create {what} topic {t}: {e}"
                 )))
             }
         }
@@ -371,54 +445,58 @@ pub async fn ensure_changelog_topics(
     let md = admin
         .inner()
         .fetch_metadata(None, ADMIN_TIMEOUT)
-        .map_err(|e| KafkaError::client("reading metadata of changelog topics", e))?;
+        .map_err(|e| KafkaError::client(format!("reading metadata of {what} topics"), e))?;
     for t in topics {
         let found = md
             .topics()
             .iter()
-            .find(|m| m.name() == t.topic)
+            .find(|m| m.name() == t.name)
             .map(|m| m.partitions().len());
         match found {
             Some(n) if n == t.partitions as usize => {}
             Some(n) => {
                 return Err(KafkaError::Config(format!(
-                    "changelog topic {} has {n} partitions, the job needs {} (one per task of \
-                     the stream feeding the operator); delete it or give the job another \
-                     --transactional-id-prefix",
-                    t.topic, t.partitions
+                    "{what} topic {} has {n} partitions, the job needs {} ({}); delete it or \
+                     give the job another --transactional-id-prefix",
+                    t.name, t.partitions, kind.partitions_why
                 )))
             }
             None => {
                 return Err(KafkaError::Config(format!(
-                    "changelog topic {} does not exist after it was created",
-                    t.topic
+                    "{what} topic {} does not exist after it was created",
+                    t.name
                 )))
             }
         }
     }
     let resources: Vec<ResourceSpecifier<'_>> = topics
         .iter()
-        .map(|t| ResourceSpecifier::Topic(&t.topic))
+        .map(|t| ResourceSpecifier::Topic(t.name))
         .collect();
     let described = admin
         .describe_configs(&resources, &opts)
         .await
-        .map_err(|e| KafkaError::client("describing changelog topics", e))?;
+        .map_err(|e| KafkaError::client(format!("describing {what} topics"), e))?;
     for (t, r) in topics.iter().zip(described) {
         let config = r.map_err(|e| {
-            KafkaError::Config(format!("cannot describe changelog topic {}: {e}", t.topic))
+            KafkaError::Config(format!("cannot describe {what} topic {}: {e}", t.name))
         })?;
         let policy = config
             .get("cleanup.policy")
             .and_then(|e| e.value.clone())
             .unwrap_or_else(|| "delete".to_string());
-        if !policy.split(',').any(|p| p.trim() == "compact") {
+        if !policy.split(',').any(|p| p.trim() == kind.policy) {
             return Err(KafkaError::Config(format!(
-                "changelog topic {} has cleanup.policy={policy}; a changelog must be compacted \
-                 (cleanup.policy=compact), or deleting old segments would lose keys' state",
-                t.topic
+                "{what} topic {} has cleanup.policy={policy}; {}",
+                t.name, kind.policy_why
             )));
         }
+        tracing::debug!(
+            topic = t.name,
+            kind = what,
+            partitions = t.partitions,
+            "internal topic checked"
+        );
     }
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! The instance's member thread and its partition queues: one [`GroupMember`] per instance
 //! owns the subscription, a thread polls it (rebalance callbacks run there), and every
-//! partition of the input topic has its own librdkafka queue, split off before the first poll,
-//! so the source subtask that owns a partition reads it straight from the one consumer.
+//! partition of every subscribed topic (the input and the job's repartition topics) has its
+//! own librdkafka queue, split off before the first poll, so the source subtask that owns a
+//! partition reads it straight from the one consumer.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,8 +27,10 @@ pub type RecordQueue = PartitionQueue<MemberContext>;
 
 struct Inner {
     member: Arc<GroupMember>,
+    /// The input topic.
     topic: String,
-    queues: BTreeMap<i32, Arc<RecordQueue>>,
+    /// Every partition's queue, by topic and partition.
+    queues: BTreeMap<String, BTreeMap<i32, Arc<RecordQueue>>>,
     /// Set when the member thread saw something that makes this instance's reads untrustworthy
     /// (a record delivered outside its partition queue); the source fails with it.
     broken: Arc<Mutex<Option<String>>>,
@@ -54,8 +57,9 @@ impl Drop for Inner {
 pub struct InstanceMember(Arc<Inner>);
 
 impl InstanceMember {
-    /// Joins the group of `config`, splits one queue per partition of `input` (which must be
-    /// among `config.topics`) and starts the member thread.
+    /// Joins the group of `config`, splits one queue per partition of every topic of
+    /// `config.topics` (`input`, which must be among them, and the job's repartition topics,
+    /// which must exist) and starts the member thread.
     pub fn start(
         config: &MemberConfig,
         listener: Arc<dyn RebalanceListener>,
@@ -68,13 +72,23 @@ impl InstanceMember {
             )));
         }
         let member = Arc::new(GroupMember::join(config, listener)?);
-        let n = member.partition_count(input, META_TIMEOUT)?;
         let mut queues = BTreeMap::new();
-        for p in 0..n as i32 {
-            let q = member.split_partition_queue(input, p).ok_or_else(|| {
-                KafkaError::Config(format!("cannot split the queue of {input}-{p}"))
-            })?;
-            queues.insert(p, Arc::new(q));
+        for topic in &config.topics {
+            let n = member.partition_count(topic, META_TIMEOUT)?;
+            let mut split = BTreeMap::new();
+            for p in 0..n as i32 {
+                let q = member.split_partition_queue(topic, p).ok_or_else(|| {
+                    KafkaError::Config(format!("cannot split the queue of {topic}-{p}"))
+                })?;
+                split.insert(p, Arc::new(q));
+            }
+            tracing::info!(
+                instance = %config.instance_id,
+                topic = %topic,
+                partitions = n,
+                "partition queues split"
+            );
+            queues.insert(topic.clone(), split);
         }
         let stop = Arc::new(AtomicBool::new(false));
         let broken = Arc::new(Mutex::new(None));
@@ -88,12 +102,6 @@ impl InstanceMember {
                 .spawn(move || member_thread(&member, &stop, &broken, &instance))
                 .map_err(|e| KafkaError::Config(format!("cannot start the member thread: {e}")))?
         };
-        tracing::info!(
-            instance = %config.instance_id,
-            topic = input,
-            partitions = n,
-            "partition queues split"
-        );
         Ok(InstanceMember(Arc::new(Inner {
             member,
             topic: input.to_string(),
@@ -115,14 +123,24 @@ impl InstanceMember {
         &self.0.topic
     }
 
-    /// The number of partitions of the input topic.
-    pub fn partitions(&self) -> usize {
-        self.0.queues.len()
+    /// The topics the member subscribed to, each with its partition queues.
+    pub fn topics(&self) -> impl Iterator<Item = &str> {
+        self.0.queues.keys().map(String::as_str)
     }
 
-    /// The queue of input partition `partition`.
-    pub fn queue(&self, partition: i32) -> Option<Arc<RecordQueue>> {
-        self.0.queues.get(&partition).cloned()
+    /// The number of partitions of the input topic.
+    pub fn partitions(&self) -> usize {
+        self.partitions_of(&self.0.topic).unwrap_or(0)
+    }
+
+    /// The number of partitions of `topic`, `None` if the member did not subscribe to it.
+    pub fn partitions_of(&self, topic: &str) -> Option<usize> {
+        self.0.queues.get(topic).map(BTreeMap::len)
+    }
+
+    /// The queue of `topic`'s partition `partition`.
+    pub fn queue(&self, topic: &str, partition: i32) -> Option<Arc<RecordQueue>> {
+        self.0.queues.get(topic)?.get(&partition).cloned()
     }
 
     /// Pins the partitions the next dataflow works on: the ones owned now. Its source
@@ -166,8 +184,8 @@ fn member_thread(
         match member.poll(MEMBER_POLL) {
             None => {}
             Some(Ok(msg)) => {
-                // every input partition has its own queue from before the first poll, so
-                // this is a record of a topic without one: reading it here would lose it
+                // every partition of every subscribed topic has its own queue from before the
+                // first poll, so this record escaped them: reading it here would lose it
                 let why = format!(
                     "a record of {}-{} at offset {} arrived outside the partition queues",
                     msg.topic(),

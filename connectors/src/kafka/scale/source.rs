@@ -1,6 +1,6 @@
 //! The Kafka source of a scaled-out instance: the instance's [`InstanceMember`] owns the
-//! group subscription, and its source subtasks share the partition queues of the input
-//! partitions the group assigned to the instance when the dataflow was built, dealt out evenly
+//! group subscription, and the subtasks of a source of one topic (the input, or a repartition
+//! topic) share the partition queues of that topic's partitions the group assigned to the instance when the dataflow was built, dealt out evenly
 //! ([`split_of`]); a subtask yields records of a partition only while the instance still owns
 //! it under that assignment (an assignment change ends the dataflow, and the instance builds
 //! the next one for the new assignment). Each partition starts where the group's committed
@@ -24,24 +24,51 @@ use crate::kafka::sink::OffsetsLink;
 use crate::kafka::source::KafkaPosition;
 use crate::kafka::{metrics as m, KafkaError};
 
+/// Turns a record into the source's item; an error fails the job.
+pub(crate) type Decode<T> = Arc<dyn Fn(KafkaMessage) -> crate::kafka::Result<T> + Send + Sync>;
+
 /// Builds the source subtasks of a scaled-out instance (see [`crate::kafka::KafkaSource::in_group`]).
 pub struct GroupSource<T> {
     member: InstanceMember,
-    decoder: Decoder<T>,
+    topic: String,
+    decode: Decode<T>,
     link: Option<OffsetsLink>,
+    /// Counter and label to count the records read under, besides the consumed-records one.
+    counter: Option<(&'static str, &'static str)>,
 }
 
-impl<T> GroupSource<T> {
+impl<T: 'static> GroupSource<T> {
+    /// Reads `topic`, one of the member's topics.
     pub(crate) fn new(
         member: InstanceMember,
+        topic: String,
         decoder: Decoder<T>,
+        link: Option<OffsetsLink>,
+    ) -> Self {
+        let decode: Decode<T> = Arc::new(move |m| Ok(decoder.decode_owned(m)));
+        Self::decoding(member, topic, decode, link)
+    }
+
+    /// Reads `topic`, one of the member's topics, with a decoder that may refuse a record.
+    pub(crate) fn decoding(
+        member: InstanceMember,
+        topic: String,
+        decode: Decode<T>,
         link: Option<OffsetsLink>,
     ) -> Self {
         GroupSource {
             member,
-            decoder,
+            topic,
+            decode,
             link,
+            counter: None,
         }
+    }
+
+    /// Also counts the records read in counter `name` with label `direction` = `value`.
+    pub(crate) fn counting(mut self, name: &'static str, value: &'static str) -> Self {
+        self.counter = Some((name, value));
+        self
     }
 }
 
@@ -65,8 +92,12 @@ fn split_of(owned: &[i32], index: usize, parallelism: usize) -> Vec<i32> {
 /// One source subtask of a scaled-out instance.
 pub struct GroupSourceReader<T> {
     member: InstanceMember,
-    decoder: Decoder<T>,
+    topic: String,
+    decode: Decode<T>,
     link: Option<OffsetsLink>,
+    counter: Option<(&'static str, &'static str)>,
+    /// The source node's uid: the link keeps positions per (node, subtask).
+    node_uid: String,
     /// The partitions this subtask reads, each with its queue and the assignment it was
     /// owned under when the subtask was created.
     queues: Vec<(TopicPartition, Arc<RecordQueue>, u64)>,
@@ -81,14 +112,22 @@ impl<T: Send + 'static> SourceFactory<T> for GroupSource<T> {
     type Source = GroupSourceReader<T>;
 
     fn create(&self, info: &SubtaskInfo) -> onceflow_runtime::Result<GroupSourceReader<T>> {
-        let topic = self.member.topic().to_string();
+        let topic = self.topic.clone();
+        if self.member.partitions_of(&topic).is_none() {
+            return Err(KafkaError::Config(format!(
+                "the scaled-out source reads {topic}, which its group member does not subscribe \
+                 to (member topics: {:?})",
+                self.member.topics().collect::<Vec<_>>()
+            ))
+            .into());
+        }
         let owned = self.member.owned_as_built(&topic);
         let partitions: Vec<i32> = owned.keys().copied().collect();
         let queues: Vec<(TopicPartition, Arc<RecordQueue>, u64)> =
             split_of(&partitions, info.index, info.parallelism)
                 .into_iter()
                 .filter_map(|p| {
-                    let q = self.member.queue(p)?;
+                    let q = self.member.queue(&topic, p)?;
                     let tp = TopicPartition {
                         topic: topic.clone(),
                         partition: p,
@@ -98,16 +137,24 @@ impl<T: Send + 'static> SourceFactory<T> for GroupSource<T> {
                 .collect();
         tracing::info!(
             subtask = info.index,
+            topic = %topic,
             partitions = ?queues.iter().map(|(tp, _, _)| tp.partition).collect::<Vec<_>>(),
             "scaled-out source subtask reads its share of the owned partitions"
         );
         if let Some(link) = &self.link {
-            link.register_group_member(info.parallelism, self.member.member().clone());
+            link.register_group_member(
+                &info.node_uid,
+                info.parallelism,
+                self.member.member().clone(),
+            );
         }
         Ok(GroupSourceReader {
             member: self.member.clone(),
-            decoder: self.decoder.clone(),
+            topic,
+            decode: self.decode.clone(),
             link: self.link.clone(),
+            counter: self.counter,
+            node_uid: info.node_uid.clone(),
             queues,
             positions: BTreeMap::new(),
             next_queue: 0,
@@ -190,7 +237,7 @@ impl<T: Send + 'static> Source<T> for GroupSourceReader<T> {
                         };
                         self.positions
                             .insert(km.partition, (km.offset + 1, assignment));
-                        out.push(self.decoder.decode_owned(km));
+                        out.push((self.decode)(km)?);
                         n += 1;
                     }
                 }
@@ -198,8 +245,11 @@ impl<T: Send + 'static> Source<T> for GroupSourceReader<T> {
         }
         self.next_queue = (self.next_queue + 1) % self.queues.len();
         if n > 0 {
-            metrics::counter!(m::RECORDS_CONSUMED, "topic" => self.member.topic().to_string())
+            metrics::counter!(m::RECORDS_CONSUMED, "topic" => self.topic.clone())
                 .increment(n as u64);
+            if let Some((name, direction)) = self.counter {
+                metrics::counter!(name, "direction" => direction).increment(n as u64);
+            }
             Ok(SourcePoll::Ready)
         } else {
             Ok(SourcePoll::Idle(Duration::from_millis(5)))
@@ -211,7 +261,7 @@ impl<T: Send + 'static> Source<T> for GroupSourceReader<T> {
         checkpoint: CheckpointId,
     ) -> onceflow_runtime::Result<KafkaPosition> {
         let member = self.member.member();
-        let topic = self.member.topic().to_string();
+        let topic = self.topic.clone();
         // only partitions still owned under the assignment they were read in: a position of
         // an earlier assignment may lie behind what another owner committed meanwhile
         self.positions.retain(|p, (_, assignment)| {
@@ -225,7 +275,7 @@ impl<T: Send + 'static> Source<T> for GroupSourceReader<T> {
             offsets: self.positions.iter().map(|(p, (o, _))| (*p, *o)).collect(),
         };
         if let Some(link) = &self.link {
-            link.record_positions(checkpoint, self.subtask, &pos);
+            link.record_positions(checkpoint, &self.node_uid, self.subtask, &pos);
         }
         Ok(pos)
     }

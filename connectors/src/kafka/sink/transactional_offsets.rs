@@ -9,6 +9,11 @@
 //! records per checkpoint ([`OffsetsLink::write_for_checkpoint`]); the commit of checkpoint n
 //! sends those of every checkpoint up to n just before the offsets, and the group metadata
 //! comes live from the instance's group member (its generation changes with each rebalance).
+//! Several sources (the input and the job's repartition topics) and several sinks (the output
+//! and the repartition writers) share one link: positions and barriers are kept per (node,
+//! subtask), so the commit of checkpoint n waits for every subtask of every source and sends
+//! the offsets of all their partitions together, and a repartition writer's records after its
+//! barrier n go to the next transaction exactly like output records.
 //! On recovery [`committed_checkpoint`] names the checkpoint whose positions the group
 //! committed (restore exactly that one); init_transactions fences the previous instance and
 //! aborts its open transaction.
@@ -26,7 +31,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::super::config::KafkaSinkConfig;
 use super::super::scale::{
-    ChangelogRecord, GroupMember, CHANGELOG_BYTES_PER_COMMIT, CHANGELOG_RECORDS,
+    ChangelogRecord, GroupMember, RoutedRecord, CHANGELOG_BYTES_PER_COMMIT, CHANGELOG_RECORDS,
 };
 use super::super::source::KafkaPosition;
 use super::super::{metrics as m, KafkaError};
@@ -36,9 +41,13 @@ use super::{KafkaPending, KafkaSink, SinkRecord};
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const CHK_META_PREFIX: &str = "onceflow-chk=";
 
+/// A source or sink subtask: its node uid and subtask index.
+type SubtaskKey = (String, usize);
+
 #[derive(Default)]
 struct LinkState {
-    source_parallelism: usize,
+    /// Parallelism of every source node that records positions, by node uid.
+    sources: BTreeMap<String, usize>,
     group_metadata: Option<Arc<ConsumerGroupMetadata>>,
     /// Scaled-out mode: the instance's group member, asked for its metadata at every commit
     /// (the generation changes with each rebalance).
@@ -46,19 +55,29 @@ struct LinkState {
     /// Changelog records per checkpoint whose barrier released them, until that checkpoint
     /// (or a later one) commits.
     changelog: BTreeMap<CheckpointId, Vec<ChangelogRecord>>,
-    positions: BTreeMap<CheckpointId, BTreeMap<usize, KafkaPosition>>,
+    positions: BTreeMap<CheckpointId, BTreeMap<SubtaskKey, KafkaPosition>>,
     /// When the first source subtask reached each barrier.
     barrier_at: BTreeMap<CheckpointId, Instant>,
     /// When the first source subtask first polled (no transaction of this run is older).
     started_at: Option<Instant>,
 }
 
+/// A record a sink subtask hands to the instance transaction.
+enum Outgoing {
+    /// An output record (default topic unless it names one; partition by its key).
+    Output(SinkRecord),
+    /// A record for one partition of an internal topic (a repartition record).
+    Routed(RoutedRecord),
+}
+
 struct Instance {
     producer: Arc<Prod>,
     ctx: Ctx,
     committed: CheckpointId,
-    sealed: Vec<Option<CheckpointId>>,
-    segments: BTreeMap<CheckpointId, Vec<SinkRecord>>,
+    /// The last barrier each sink subtask passed (until that checkpoint commits): its later
+    /// records wait in `segments` for the next transaction.
+    sealed: BTreeMap<SubtaskKey, CheckpointId>,
+    segments: BTreeMap<CheckpointId, Vec<Outgoing>>,
     records_in_txn: u64,
     since: Instant,
 }
@@ -90,31 +109,46 @@ impl OffsetsLink {
     /// Creates the instance's transactional producer now (init_transactions fences the
     /// previous instance and waits for its commit in progress). Call it before
     /// [`committed_checkpoint`], so no other instance can commit offsets afterwards. Blocking:
-    /// call it outside async code. `sink_parallelism` is the sink's parallelism.
+    /// call it outside async code. `_sink_parallelism` is not needed: sink subtasks are
+    /// known by node and index as they write.
     pub fn fence_previous(
         &self,
         cfg: &KafkaSinkConfig,
-        sink_parallelism: usize,
+        _sink_parallelism: usize,
     ) -> super::super::Result<()> {
         let mut inst = self.0.instance.blocking_lock();
         if inst.is_some() {
             return Ok(());
         }
-        *inst = Some(new_instance(cfg, sink_parallelism)?);
+        *inst = Some(new_instance(cfg)?);
         Ok(())
     }
 
-    pub(crate) fn register_source(&self, parallelism: usize, gm: Option<ConsumerGroupMetadata>) {
+    /// A source node of `parallelism` subtasks records its positions here; `gm` is its
+    /// consumer's group metadata.
+    pub(crate) fn register_source(
+        &self,
+        node_uid: &str,
+        parallelism: usize,
+        gm: Option<ConsumerGroupMetadata>,
+    ) {
         let mut s = self.0.state.lock();
-        s.source_parallelism = parallelism;
+        s.sources.insert(node_uid.to_string(), parallelism);
         if s.group_metadata.is_none() {
             s.group_metadata = gm.map(Arc::new);
         }
     }
 
-    pub(crate) fn register_group_member(&self, parallelism: usize, member: Arc<GroupMember>) {
+    /// A scaled-out source node of `parallelism` subtasks records its positions here; the
+    /// group metadata comes live from `member` at each commit.
+    pub(crate) fn register_group_member(
+        &self,
+        node_uid: &str,
+        parallelism: usize,
+        member: Arc<GroupMember>,
+    ) {
         let mut s = self.0.state.lock();
-        s.source_parallelism = parallelism;
+        s.sources.insert(node_uid.to_string(), parallelism);
         s.group_member = Some(member);
     }
 
@@ -145,6 +179,7 @@ impl OffsetsLink {
     pub(crate) fn record_positions(
         &self,
         checkpoint: CheckpointId,
+        node_uid: &str,
         subtask: usize,
         pos: &KafkaPosition,
     ) {
@@ -152,7 +187,7 @@ impl OffsetsLink {
         st.positions
             .entry(checkpoint)
             .or_default()
-            .insert(subtask, pos.clone());
+            .insert((node_uid.to_string(), subtask), pos.clone());
         st.barrier_at.entry(checkpoint).or_insert_with(Instant::now);
     }
 
@@ -177,8 +212,9 @@ impl OffsetsLink {
 }
 
 impl OffsetsLink {
-    /// The source positions at barrier `checkpoint` of every source subtask, each partition's
-    /// metadata naming the checkpoint, and the group metadata for send_offsets_to_transaction.
+    /// The source positions at barrier `checkpoint` of every subtask of every source node,
+    /// each partition's metadata naming the checkpoint, and the group metadata for
+    /// send_offsets_to_transaction.
     pub(crate) fn source_offsets(
         &self,
         checkpoint: CheckpointId,
@@ -188,12 +224,15 @@ impl OffsetsLink {
             let Some(by_subtask) = st.positions.get(&checkpoint) else {
                 return Err(KafkaError::Protocol(format!("no source positions recorded for checkpoint {checkpoint} (is the KafkaSource given the same OffsetsLink?)")));
             };
-            if by_subtask.len() < st.source_parallelism {
-                return Err(KafkaError::Protocol(format!(
-                    "source positions of checkpoint {checkpoint} are incomplete ({} of {} subtasks)",
-                    by_subtask.len(),
-                    st.source_parallelism
-                )));
+            for (node, parallelism) in &st.sources {
+                let recorded = (0..*parallelism)
+                    .filter(|i| by_subtask.contains_key(&(node.clone(), *i)))
+                    .count();
+                if recorded < *parallelism {
+                    return Err(KafkaError::Protocol(format!(
+                        "source positions of checkpoint {checkpoint} are incomplete (source {node}: {recorded} of {parallelism} subtasks)"
+                    )));
+                }
             }
             let live = st
                 .group_member
@@ -228,7 +267,7 @@ impl OffsetsLink {
     }
 }
 
-fn new_instance(cfg: &KafkaSinkConfig, parallelism: usize) -> super::super::Result<Instance> {
+fn new_instance(cfg: &KafkaSinkConfig) -> super::super::Result<Instance> {
     let id = format!("{}-offsets", cfg.transactional_id_prefix);
     let (p, ctx) = producer::create(cfg, Some(&id), false)?;
     producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
@@ -240,29 +279,34 @@ fn new_instance(cfg: &KafkaSinkConfig, parallelism: usize) -> super::super::Resu
         producer: p,
         ctx,
         committed: 0,
-        sealed: vec![None; parallelism],
+        sealed: BTreeMap::new(),
         segments: BTreeMap::new(),
         records_in_txn: 0,
         since: Instant::now(),
     })
 }
 
-/// One transactional-offsets sink subtask.
+/// One transactional-offsets sink subtask: of the output sink, or of a repartition writer.
 pub struct OffsetsWriter {
     cfg: KafkaSinkConfig,
     link: OffsetsLink,
-    subtask: usize,
-    parallelism: usize,
+    /// (node uid, subtask index): which sink subtask this is among all of the instance's.
+    key: SubtaskKey,
 }
 
 impl OffsetsWriter {
     pub(crate) fn new(sink: &KafkaSink, info: &SubtaskInfo, link: OffsetsLink) -> Self {
-        metrics::gauge!(m::TXN_TIMEOUT_SECONDS).set(sink.cfg.transaction_timeout.as_secs_f64());
+        Self::for_config(sink.cfg.clone(), info, link)
+    }
+
+    /// A sink subtask writing into the instance transaction of `link` with the instance
+    /// producer's configuration `cfg`.
+    pub(crate) fn for_config(cfg: KafkaSinkConfig, info: &SubtaskInfo, link: OffsetsLink) -> Self {
+        metrics::gauge!(m::TXN_TIMEOUT_SECONDS).set(cfg.transaction_timeout.as_secs_f64());
         OffsetsWriter {
-            cfg: sink.cfg.clone(),
+            cfg,
             link,
-            subtask: info.index,
-            parallelism: info.parallelism,
+            key: (info.node_uid.clone(), info.index),
         }
     }
 
@@ -273,8 +317,7 @@ impl OffsetsWriter {
             return Ok(());
         }
         let cfg = self.cfg.clone();
-        let parallelism = self.parallelism;
-        *inst = Some(blocking(move || new_instance(&cfg, parallelism)).await??);
+        *inst = Some(blocking(move || new_instance(&cfg)).await??);
         Ok(())
     }
 
@@ -282,17 +325,32 @@ impl OffsetsWriter {
         &mut self,
         records: Vec<SinkRecord>,
     ) -> onceflow_runtime::Result<()> {
+        self.write(records.into_iter().map(Outgoing::Output).collect())
+            .await
+    }
+
+    /// Writes records bound for given partitions of internal topics (repartition records)
+    /// into the instance transaction, after this subtask's barrier n into the next one.
+    pub(crate) async fn write_routed(
+        &mut self,
+        records: Vec<RoutedRecord>,
+    ) -> onceflow_runtime::Result<()> {
+        self.write(records.into_iter().map(Outgoing::Routed).collect())
+            .await
+    }
+
+    async fn write(&mut self, records: Vec<Outgoing>) -> onceflow_runtime::Result<()> {
         let mut guard = self.link.0.instance.lock().await;
         let inst = guard.as_mut().ok_or_else(|| {
             onceflow_runtime::Error::Internal("offsets sink not recovered".into())
         })?;
-        match inst.sealed.get(self.subtask).copied().flatten() {
+        match inst.sealed.get(&self.key).copied() {
             Some(c) if c > inst.committed => {
                 inst.segments.entry(c).or_default().extend(records);
             }
             _ => {
                 for r in &records {
-                    producer::send(&inst.producer, &self.cfg.default_topic, r)?;
+                    send(&inst.producer, &self.cfg.default_topic, r)?;
                 }
                 inst.records_in_txn += records.len() as u64;
                 inst.producer.poll(Duration::ZERO);
@@ -316,9 +374,7 @@ impl OffsetsWriter {
         let inst = guard.as_mut().ok_or_else(|| {
             onceflow_runtime::Error::Internal("offsets sink not recovered".into())
         })?;
-        if let Some(s) = inst.sealed.get_mut(self.subtask) {
-            *s = Some(checkpoint);
-        }
+        inst.sealed.insert(self.key.clone(), checkpoint);
         Ok(KafkaPending::Offsets { checkpoint })
     }
 
@@ -340,7 +396,7 @@ impl OffsetsWriter {
         for c in earlier {
             if let Some(recs) = inst.segments.remove(&c) {
                 for r in &recs {
-                    producer::send(&inst.producer, &self.cfg.default_topic, r)?;
+                    send(&inst.producer, &self.cfg.default_topic, r)?;
                 }
                 inst.records_in_txn += recs.len() as u64;
             }
@@ -397,16 +453,12 @@ impl OffsetsWriter {
         inst.committed = checkpoint;
         inst.records_in_txn = 0;
         inst.since = Instant::now();
-        for s in inst.sealed.iter_mut() {
-            if s.is_some_and(|c| c <= checkpoint) {
-                *s = None;
-            }
-        }
+        inst.sealed.retain(|_, c| *c > checkpoint);
         let later: Vec<CheckpointId> = inst.segments.keys().copied().collect();
         for c in later {
             if let Some(recs) = inst.segments.remove(&c) {
                 for r in &recs {
-                    producer::send(&inst.producer, &self.cfg.default_topic, r)?;
+                    send(&inst.producer, &self.cfg.default_topic, r)?;
                 }
                 inst.records_in_txn += recs.len() as u64;
                 if c > checkpoint {
@@ -418,6 +470,16 @@ impl OffsetsWriter {
         self.link.forget_up_to(checkpoint);
         tracing::debug!(checkpoint, "transactional-offsets commit");
         Ok(())
+    }
+}
+
+/// Sends one record into the open transaction.
+fn send(p: &Prod, default_topic: &str, r: &Outgoing) -> super::super::Result<()> {
+    match r {
+        Outgoing::Output(r) => producer::send(p, default_topic, r),
+        Outgoing::Routed(r) => {
+            producer::send_to_partition(p, &r.topic, r.partition, &r.key, r.value.as_deref())
+        }
     }
 }
 
@@ -480,6 +542,36 @@ mod tests {
             key: vec![n],
             value: Some(vec![n]),
         }
+    }
+
+    #[test]
+    fn a_commit_waits_for_every_subtask_of_every_source() {
+        let link = OffsetsLink::new();
+        link.register_source("n00-input", 2, None);
+        link.register_source("n03-repartition_reader", 2, None);
+        let pos = |topic: &str, p: i32| KafkaPosition {
+            topic: topic.into(),
+            offsets: vec![(p, 10)],
+        };
+        link.record_positions(4, "n00-input", 0, &pos("in", 0));
+        link.record_positions(4, "n00-input", 1, &pos("in", 1));
+        // the same subtask indices of the other source do not count for it
+        link.record_positions(4, "n03-repartition_reader", 1, &pos("rp", 1));
+        let Err(err) = link.source_offsets(4) else {
+            panic!("one subtask of the repartition reader is missing")
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains("source n03-repartition_reader: 1 of 2 subtasks"),
+            "{err}"
+        );
+        link.record_positions(4, "n03-repartition_reader", 0, &pos("rp", 0));
+        // complete: only the group metadata is missing here
+        let Err(err) = link.source_offsets(4) else {
+            panic!("no group metadata was registered")
+        };
+        let err = err.to_string();
+        assert!(err.contains("no consumer group metadata"), "{err}");
     }
 
     #[test]
