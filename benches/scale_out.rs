@@ -1,6 +1,6 @@
 //! Scale-out benchmark (by hand, not CI): instances of the example job `exactly_once_etl`
 //! (`--mode transactional-offsets --instance-id`) as child processes against the bundled
-//! broker, input partitioned by the key. Prints three tables:
+//! broker, input partitioned by the key (`--input-partitioned-by-key`: no repartition topic). Prints three tables:
 //!
 //! 1. throughput with 1, 2 and 3 instances side by side, each row over the same pre-loaded
 //!    input (records/s of read_committed output between 10% and 90% of it, so start-up and
@@ -59,6 +59,7 @@ fn instance_args(base: &JobArgs, dir: &std::path::Path, name: &str, metrics: u16
             "6000",
             "--recovery-allowance-ms",
             "3000",
+            "--input-partitioned-by-key",
             "--metrics-listen",
             &format!("127.0.0.1:{metrics}"),
         ]

@@ -1,14 +1,17 @@
 //! Scaled-out instances of the example job (`--instance-id`, transactional-offsets mode):
-//! three instances share an input partitioned by the key while instances are SIGKILLed and
-//! new ones start, each change made on an event an instance reported; afterwards a
-//! read_committed consumer must see every id exactly once and every key's last total equal
-//! to the sum of its inputs. The keyed totals move between instances through the changelog:
-//! an instance never restores from another's checkpoint directory.
+//! three instances share an input of 6 partitions that is not partitioned by the totals' key
+//! (so every record crosses the repartition topic) while instances are SIGKILLed and new ones
+//! start, each change made on an event an instance reported; afterwards a read_committed
+//! consumer must see every id exactly once and every key's last total equal to the sum of its
+//! inputs. The keyed totals move between instances through the changelog: an instance never
+//! restores from another's checkpoint directory. The moved-task and zombie scenarios run on
+//! an input partitioned by the key (`--input-partitioned-by-key`: no repartition topic).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use onceflow_testkit::child::Proc;
+use onceflow_testkit::clients::create_topics;
 use onceflow_testkit::eos::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -52,8 +55,12 @@ fn instances_killed_and_started_keep_the_output_exact() {
     // instance's next incarnation, or by the broker after this timeout
     base.transaction_timeout_ms = Some(8_000);
     let (broker, data) = setup(dir.path(), &base, 30_000, seed(test));
-    let data = data.partitioned_by_key();
     let bootstrap = broker.bootstrap().to_string();
+    // an input of 6 partitions whose records are keyed by their id's partition, not by the
+    // key the totals are kept by: every record goes through the repartition topic
+    base.input = "scale-input-6".into();
+    create_topics(&bootstrap, &[&base.input], 6);
+    let data = data.spread_over(6);
     let mut rng = StdRng::seed_from_u64(seed(test));
 
     let producer = produce_paced(
@@ -171,6 +178,7 @@ fn a_moved_task_continues_its_totals_from_the_changelog() {
     let dir = scenario_dir(test);
     let mut base = JobArgs::new("transactional-offsets", dir.path());
     base.prefix = "scale-moved".into();
+    base.extra_args.push("--input-partitioned-by-key".into());
     base.group = "scale-moved".into();
     base.transaction_timeout_ms = Some(8_000);
     let (broker, data) = setup(dir.path(), &base, 12_000, seed(test));
@@ -240,6 +248,7 @@ fn a_frozen_instance_cannot_commit_after_its_session_expired() {
     let dir = scenario_dir(test);
     let mut base = JobArgs::new("transactional-offsets", dir.path());
     base.prefix = "scale-zombie".into();
+    base.extra_args.push("--input-partitioned-by-key".into());
     base.group = "scale-zombie".into();
     base.checkpoint_interval_ms = 2_000;
     base.transaction_timeout_ms = Some(8_000);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use onceflow_operators::{KeyBy, KeyedStream};
-use onceflow_runtime::{CheckpointId, CompletionHook, Data, DataStream, Key, StopHandle};
+use onceflow_runtime::{CheckpointId, CompletionHook, Data, DataStream, Key, KeyRoute, StopHandle};
 
 use super::args::{mode_name, Settings};
 use super::{failpoint, say};
@@ -36,6 +36,20 @@ impl Progress {
     }
 }
 
+/// How [`KafkaOutputs::key_by`] exchanges records by key in a scaled-out instance.
+pub(crate) enum Exchange {
+    /// A dry build of the pipeline that counts the keyed exchanges (each needs its
+    /// repartition topic before the instance joins the group).
+    Plan { count: usize },
+    /// Each keyed exchange goes through its repartition topic, in the order of the calls.
+    Through {
+        repartitions: Vec<crate::kafka::scale::Repartition>,
+        next: usize,
+        /// The key route of each exchange's keyed stream and the topic feeding it.
+        fed: Vec<(KeyRoute, String)>,
+    },
+}
+
 /// The sinks of a job: every sink writes in the job's delivery mode with the job's
 /// transactional id prefix, transaction timeout and checkpoint interval.
 pub struct KafkaOutputs {
@@ -47,6 +61,7 @@ pub struct KafkaOutputs {
     progress: Arc<Progress>,
     error: Option<KafkaError>,
     stop: StopHandle,
+    exchange: Option<Exchange>,
 }
 
 impl KafkaOutputs {
@@ -68,6 +83,32 @@ impl KafkaOutputs {
             progress,
             error: None,
             stop,
+            exchange: None,
+        }
+    }
+
+    /// Exchanges keyed records as `exchange` says (scaled-out instances).
+    pub(crate) fn with_exchange(mut self, exchange: Exchange) -> Self {
+        self.exchange = Some(exchange);
+        self
+    }
+
+    /// The keyed exchanges counted by a dry build.
+    pub(crate) fn planned_exchanges(&self) -> usize {
+        match &self.exchange {
+            Some(Exchange::Plan { count }) => *count,
+            _ => 0,
+        }
+    }
+
+    /// The topic feeding each keyed stream whose exchange went through Kafka, by key route.
+    pub(crate) fn task_topic_of(&self, route: &KeyRoute) -> Option<String> {
+        match &self.exchange {
+            Some(Exchange::Through { fed, .. }) => fed
+                .iter()
+                .find(|(r, _)| Arc::ptr_eq(r, route))
+                .map(|(_, t)| t.clone()),
+            _ => None,
         }
     }
 
@@ -102,18 +143,49 @@ impl KafkaOutputs {
 
     /// Keys `stream` by `key` for keyed state (reduce, aggregate, process, windows), like the
     /// operators' `key_by`, and routes each key to its task by its Kafka bytes
-    /// ([`KafkaKey`](crate::kafka::scale::KafkaKey)): in a scaled-out job (`--instance-id`)
-    /// the instance owning input partition `p` owns the state of the keys whose task is `p`,
-    /// and the keyed state's changelog partitions follow it. The input must then be
-    /// partitioned by this key as Kafka's default partitioner does it (murmur2 of the key
-    /// bytes): a producer writing records keyed by the key does that.
+    /// ([`KafkaKey`](crate::kafka::scale::KafkaKey): strings as UTF-8, integers big-endian).
+    ///
+    /// In a scaled-out job (`--instance-id`) the instance owning task `t` owns the state of
+    /// the keys whose task is `t`, and their changelog partition follows it. The records then
+    /// go through the job's repartition topic `{prefix}-key-by-{n}-repartition` (the `n`-th
+    /// call), written in the instance transaction to partition `murmur2(key) % partitions`
+    /// and read by the instance owning that partition. With `--input-partitioned-by-key` the
+    /// input is already partitioned that way (a producer keying records by the key) and the
+    /// records stay in the instance that read them.
     pub fn key_by<K, T, F>(&mut self, stream: &DataStream<T>, key: F) -> KeyedStream<K, T>
     where
         K: Key + crate::kafka::scale::KafkaKey,
         T: Data,
         F: Fn(&T) -> K + Send + Sync + 'static,
     {
-        stream.key_by(key).routed_by(|k: &K| k.key_bytes())
+        let route = |k: &K| k.key_bytes();
+        match &mut self.exchange {
+            None => stream.key_by(key).routed_by(route),
+            Some(Exchange::Plan { count }) => {
+                *count += 1;
+                stream.key_by(key).routed_by(route)
+            }
+            Some(Exchange::Through {
+                repartitions,
+                next,
+                fed,
+            }) => {
+                let Some(through) = repartitions.get(*next) else {
+                    self.error.get_or_insert(KafkaError::Config(format!(
+                        "the pipeline keyed {} streams when it was first built and more now: build the same pipeline every time",
+                        repartitions.len()
+                    )));
+                    return stream.key_by(key).routed_by(route);
+                };
+                *next += 1;
+                let keyed =
+                    crate::kafka::scale::key_by_through(stream, key, through).routed_by(route);
+                if let Some(r) = keyed.route() {
+                    fed.push((r, through.topic().name.clone()));
+                }
+                keyed
+            }
+        }
     }
 
     /// Writes `records` to the output topic (a record with a topic goes to that topic).

@@ -25,12 +25,12 @@ use onceflow_runtime::{
 };
 
 use super::args::Settings;
-use super::outputs::{KafkaOutputs, Progress};
+use super::outputs::{Exchange, KafkaOutputs, Progress};
 use super::watcher::spawn_watcher;
 use super::{failpoint, instance, permissions, say, startup, JobSummary, KafkaJob};
 use crate::kafka::scale::{
-    ensure_changelog_topics, ChangelogTopic, InstanceMember, MemberConfig, RebalanceListener,
-    StateChangelog, TopicPartition,
+    ensure_changelog_topics, ensure_repartition_topics, ChangelogTopic, InstanceMember,
+    MemberConfig, RebalanceListener, Repartition, RepartitionTopic, StateChangelog, TopicPartition,
 };
 use crate::kafka::{
     Decoder, KafkaError, KafkaSinkConfig, KafkaSource, OffsetsLink, PrefixClaim, Result,
@@ -140,6 +140,18 @@ fn watch_signals(helper: &tokio::runtime::Runtime, shared: Arc<Shared>) -> Resul
     Ok(())
 }
 
+/// The number of partitions of the job's input topic.
+fn input_partition_count(brokers: &str, s: &Settings) -> Result<i32> {
+    use rdkafka::consumer::BaseConsumer;
+    let consumer: BaseConsumer = s
+        .properties
+        .client_config(brokers)
+        .create()
+        .map_err(|e| KafkaError::client("creating a metadata client", e))?;
+    let n = crate::kafka::source::partition_count(&consumer, &s.input, Duration::from_secs(30))?;
+    Ok(n as i32)
+}
+
 /// Whether a failed dataflow's error is the group refusing its commit: the stale generation
 /// or member id of an instance whose assignment moved on (librdkafka's error texts).
 fn refused_by_the_group(error: &str) -> bool {
@@ -163,6 +175,31 @@ fn job_fingerprint(name: &str, s: &Settings) -> String {
 }
 
 impl<T: onceflow_runtime::Data> KafkaJob<T> {
+    /// Builds the pipeline once without running it and counts its keyed exchanges
+    /// ([`KafkaOutputs::key_by`] calls).
+    fn planned_exchanges(
+        &self,
+        s: &Settings,
+        brokers: &str,
+        sink_cfg: &KafkaSinkConfig,
+        pipeline: &impl Fn(onceflow_runtime::DataStream<T>, &mut KafkaOutputs),
+    ) -> Result<usize> {
+        let env = StreamEnvironment::new(self.args.runtime.to_config(&self.name));
+        let source = KafkaSource::new(brokers.to_string(), s.input.clone(), self.decoder.clone());
+        let input = env.source("kafka-in", source);
+        let mut outputs = KafkaOutputs::new(
+            sink_cfg.clone(),
+            None,
+            None,
+            s.clone(),
+            Arc::new(Progress::default()),
+            env.stop_handle(),
+        )
+        .with_exchange(Exchange::Plan { count: 0 });
+        pipeline(input, &mut outputs);
+        Ok(outputs.planned_exchanges())
+    }
+
     /// Runs this process as instance `s.instance_id` of a scaled-out job until it is stopped.
     pub(crate) fn run_instance(
         self,
@@ -202,17 +239,33 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             ..Shared::default()
         });
         watch_signals(helper, shared.clone())?;
-        let mut member_cfg = MemberConfig::new(
-            brokers,
-            s.group.clone(),
-            vec![s.input.clone()],
-            instance.to_string(),
-        );
+        // the keyed exchanges of the pipeline: each goes through a repartition topic with as
+        // many partitions as the input, which must exist before the member subscribes to it
+        let input_partitions = input_partition_count(brokers, s)?;
+        let repartition_topics: Vec<RepartitionTopic> = if s.input_partitioned_by_key {
+            Vec::new()
+        } else {
+            let n = self.planned_exchanges(s, brokers, &instance_cfg, &pipeline)?;
+            (0..n)
+                .map(|i| RepartitionTopic::new(&s.prefix, &format!("key-by-{i}"), input_partitions))
+                .collect()
+        };
+        if !repartition_topics.is_empty() {
+            helper.block_on(ensure_repartition_topics(
+                brokers,
+                &s.properties,
+                &repartition_topics,
+                -1,
+            ))?;
+        }
+        let mut topics = vec![s.input.clone()];
+        topics.extend(repartition_topics.iter().map(|t| t.name.clone()));
+        let mut member_cfg =
+            MemberConfig::new(brokers, s.group.clone(), topics, instance.to_string());
         member_cfg.session_timeout = s.session_timeout;
         member_cfg.client_properties = s.properties.clone();
         let member =
             InstanceMember::start(&member_cfg, Arc::new(Listener(shared.clone())), &s.input)?;
-        let partitions = member.partitions() as i32;
         let first_wait = (s.session_timeout * 3).max(Duration::from_secs(60));
         let t0 = Instant::now();
         while member.member().latest_assignment() == 0 {
@@ -245,9 +298,14 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             let assignment = member.pin_assignment();
             let owned: BTreeMap<i32, u64> = member.owned_as_built(&s.input);
             let tasks: Vec<i32> = owned.keys().copied().collect();
-            say(format!(
+            let mut line = format!(
                 "instance {instance}: dataflow for assignment {assignment}, partitions {tasks:?}"
-            ));
+            );
+            for t in &repartition_topics {
+                let owned: Vec<i32> = member.owned_as_built(&t.name).into_keys().collect();
+                line.push_str(&format!(", {} {owned:?}", t.name));
+            }
+            say(line);
             metrics::counter!(DATAFLOWS, "reason" => reason).increment(1);
 
             let link = OffsetsLink::new();
@@ -283,6 +341,17 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 Some(w) => env.source("kafka-in", source.with_watermarks(w.clone())),
                 None => env.source("kafka-in", source),
             };
+            let repartitions = repartition_topics
+                .iter()
+                .map(|t| {
+                    Repartition::new(
+                        t.clone(),
+                        member.clone(),
+                        link.clone(),
+                        instance_cfg.clone(),
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
             let mut outputs = KafkaOutputs::new(
                 instance_cfg.clone(),
                 Some(link.clone()),
@@ -290,14 +359,27 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 s.clone(),
                 progress.clone(),
                 stop.clone(),
-            );
+            )
+            .with_exchange(Exchange::Through {
+                repartitions,
+                next: 0,
+                fed: Vec::new(),
+            });
             pipeline(input, &mut outputs);
             outputs.check(&self.name)?;
 
+            // one changelog per keyed operator, its tasks those of the topic feeding it
             let topics: Vec<ChangelogTopic> = env
                 .key_routes()
                 .into_iter()
-                .map(|(uid, route)| ChangelogTopic::routed(&s.prefix, &uid, partitions, route))
+                .map(|(uid, route)| {
+                    let fed = outputs.task_topic_of(&route);
+                    let topic = ChangelogTopic::routed(&s.prefix, &uid, input_partitions, route);
+                    match fed {
+                        Some(t) => topic.fed_by(t),
+                        None => topic,
+                    }
+                })
                 .collect();
             if !changelog_ready {
                 helper.block_on(ensure_changelog_topics(brokers, &s.properties, &topics, -1))?;
