@@ -359,12 +359,14 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 s.clone(),
                 progress.clone(),
                 stop.clone(),
-            )
-            .with_exchange(Exchange::Through {
-                repartitions,
-                next: 0,
-                fed: Vec::new(),
-            });
+            );
+            if !s.input_partitioned_by_key {
+                outputs = outputs.with_exchange(Exchange::Through {
+                    repartitions,
+                    next: 0,
+                    fed: Vec::new(),
+                });
+            }
             pipeline(input, &mut outputs);
             outputs.check(&self.name)?;
 
