@@ -122,7 +122,12 @@ fn copy_partition(
             p.poll(Duration::ZERO);
             continue;
         };
-        send(&p, &s.output, partition, &first.context("consuming the input")?)?;
+        send(
+            &p,
+            &s.output,
+            partition,
+            &first.context("consuming the input")?,
+        )?;
         let mut n = 1;
         while n < BATCH {
             let Some(m) = c.poll(Duration::ZERO) else {
