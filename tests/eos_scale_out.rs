@@ -168,18 +168,27 @@ fn owns_all(line: &str) -> bool {
         && partitions_of_line(line).is_some_and(|p| p.len() == PARTITIONS as usize)
 }
 
-/// An instance stopped on purpose hands its tasks to the other one, which continues their
-/// totals from the changelog: the stopped instance's checkpoint directory is deleted first,
-/// so nothing can come from its disk. Started again, it takes tasks back the same way.
-#[test]
-fn a_moved_task_continues_its_totals_from_the_changelog() {
-    let _machine = exclusive();
-    let test = "eos_scale_out_moved";
+/// A scenario of two instances on an input partitioned by the key: the broker, the input
+/// (produced paced on a thread), and instances `node-a` and `node-b` started, each owning
+/// some tasks.
+struct TwoInstances {
+    dir: tempfile::TempDir,
+    base: JobArgs,
+    broker: onceflow_testkit::broker_process::BrokerProcess,
+    data: Dataset,
+    bootstrap: String,
+    producer: std::thread::JoinHandle<()>,
+    a: Proc,
+    b: Proc,
+}
+
+fn two_instances(test: &str, prefix: &str, checkpoint_interval_ms: u64) -> TwoInstances {
     let dir = scenario_dir(test);
     let mut base = JobArgs::new("transactional-offsets", dir.path());
-    base.prefix = "scale-moved".into();
+    base.prefix = prefix.into();
+    base.group = prefix.into();
     base.extra_args.push("--input-partitioned-by-key".into());
-    base.group = "scale-moved".into();
+    base.checkpoint_interval_ms = checkpoint_interval_ms;
     base.transaction_timeout_ms = Some(8_000);
     let (broker, data) = setup(dir.path(), &base, 12_000, seed(test));
     let data = data.partitioned_by_key();
@@ -191,49 +200,95 @@ fn a_moved_task_continues_its_totals_from_the_changelog() {
         40,
         Duration::from_millis(300),
     );
-
     let mut a = start(&bootstrap, &base, dir.path(), "node-a", "a-1");
     let mut b = start(&bootstrap, &base, dir.path(), "node-b", "b-1");
-    // both own tasks, and a has committed some of its keys' totals
-    let shared = b.wait_line(Duration::from_secs(120), |l| {
-        l.contains("dataflow for assignment")
-            && partitions_of_line(l).is_some_and(|p| !p.is_empty() && p.len() < PARTITIONS as usize)
-    });
-    assert!(
-        shared.is_some(),
-        "b never shared the work\n{}",
-        b.describe()
-    );
-    let committed = a.next_line(Duration::from_secs(60), |l| {
+    for p in [&mut a, &mut b] {
+        let shared = p.wait_line(Duration::from_secs(120), |l| {
+            l.contains("dataflow for assignment")
+                && partitions_of_line(l)
+                    .is_some_and(|p| !p.is_empty() && p.len() < PARTITIONS as usize)
+        });
+        assert!(
+            shared.is_some(),
+            "the work was never shared\n{}",
+            p.describe()
+        );
+    }
+    TwoInstances {
+        dir,
+        base,
+        broker,
+        data,
+        bootstrap,
+        producer,
+        a,
+        b,
+    }
+}
+
+impl TwoInstances {
+    /// Waits for the whole input in the output, stops both instances and checks the output.
+    fn finish_exact(mut self, test: &str, what: &str) {
+        self.producer.join().expect("input producer");
+        let mut tail = Tail::new(&self.bootstrap, &self.base.output, &self.base.dlq());
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while !tail.complete(&self.data) && Instant::now() < deadline {
+            tail.poll_for(&self.data, Duration::from_secs(1));
+        }
+        self.a.stop_gracefully(Duration::from_secs(60));
+        self.b.stop_gracefully(Duration::from_secs(60));
+        let report = check_output(&self.bootstrap, &self.base, &self.data);
+        eprintln!("[eos] {test}: {what}\n{report}");
+        assert!(report.is_exact(), "output after {what}:\n{report}");
+        drop(self.broker);
+        finish_dir(self.dir);
+    }
+}
+
+/// An instance stopped on purpose hands its tasks to the other one, which continues their
+/// totals from the changelog: the stopped instance's checkpoint directory is deleted first,
+/// so nothing can come from its disk. Started again, it takes tasks back the same way.
+#[test]
+fn a_moved_task_continues_its_totals_from_the_changelog() {
+    let _machine = exclusive();
+    let test = "eos_scale_out_moved";
+    let mut run = two_instances(test, "scale-moved", 500);
+    // a has committed some of its keys' totals
+    let committed = run.a.next_line(Duration::from_secs(60), |l| {
         checkpoint_number(l, "committed").is_some()
     });
-    assert!(committed.is_some(), "a committed nothing\n{}", a.describe());
-    a.stop_gracefully(Duration::from_secs(60));
-    std::fs::remove_dir_all(instance_args(&base, dir.path(), "node-a").checkpoint_dir)
+    assert!(
+        committed.is_some(),
+        "a committed nothing\n{}",
+        run.a.describe()
+    );
+    run.a.stop_gracefully(Duration::from_secs(60));
+    std::fs::remove_dir_all(instance_args(&run.base, run.dir.path(), "node-a").checkpoint_dir)
         .expect("delete a's checkpoint directory");
-    let all = b.next_line(Duration::from_secs(60), owns_all);
-    assert!(all.is_some(), "b never took a's tasks\n{}", b.describe());
-
-    // a again, with an empty directory: it takes tasks back from b
-    let mut a = start(&bootstrap, &base, dir.path(), "node-a", "a-2");
-    producer.join().expect("input producer");
-    let mut tail = Tail::new(&bootstrap, &base.output, &base.dlq());
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !tail.complete(&data) && Instant::now() < deadline {
-        tail.poll_for(&data, Duration::from_secs(1));
-    }
-    a.stop_gracefully(Duration::from_secs(60));
-    b.stop_gracefully(Duration::from_secs(60));
-    let restored = std::fs::read_to_string(dir.path().join("job-b-1.stderr.log"))
+    let all = run.b.next_line(Duration::from_secs(60), owns_all);
+    assert!(
+        all.is_some(),
+        "b never took a's tasks\n{}",
+        run.b.describe()
+    );
+    // a commit of b's new dataflow: its set-up, the restore included, is over
+    let committed = run.b.next_line(Duration::from_secs(60), |l| {
+        checkpoint_number(l, "committed").is_some()
+    });
+    assert!(
+        committed.is_some(),
+        "b committed nothing\n{}",
+        run.b.describe()
+    );
+    let restored = std::fs::read_to_string(run.dir.path().join("job-b-1.stderr.log"))
         .unwrap_or_default()
         .lines()
         .any(|l| l.contains("keyed state restored from the changelog") && !l.contains("records=0"));
     assert!(restored, "b restored no keyed state from the changelog");
-    let report = check_output(&bootstrap, &base, &data);
-    eprintln!("[eos] {test}\n{report}");
-    assert!(report.is_exact(), "output after moving tasks:\n{report}");
-    drop(broker);
-    finish_dir(dir);
+
+    // a again, with an empty directory: it takes tasks back from b
+    run.a = start(&run.bootstrap, &run.base, run.dir.path(), "node-a", "a-2");
+    run.finish_exact(test, "a task moved to b and back");
 }
 
 /// An instance frozen (SIGSTOP) past its session timeout loses its tasks to the other one;
@@ -245,37 +300,10 @@ fn a_moved_task_continues_its_totals_from_the_changelog() {
 fn a_frozen_instance_cannot_commit_after_its_session_expired() {
     let _machine = exclusive();
     let test = "eos_scale_out_zombie";
-    let dir = scenario_dir(test);
-    let mut base = JobArgs::new("transactional-offsets", dir.path());
-    base.prefix = "scale-zombie".into();
-    base.extra_args.push("--input-partitioned-by-key".into());
-    base.group = "scale-zombie".into();
-    base.checkpoint_interval_ms = 2_000;
-    base.transaction_timeout_ms = Some(8_000);
-    let (broker, data) = setup(dir.path(), &base, 12_000, seed(test));
-    let data = data.partitioned_by_key();
-    let bootstrap = broker.bootstrap().to_string();
-    let producer = produce_paced(
-        &bootstrap,
-        &base.input,
-        &data,
-        40,
-        Duration::from_millis(300),
-    );
-
-    let mut a = start(&bootstrap, &base, dir.path(), "node-a", "a");
-    let mut b = start(&bootstrap, &base, dir.path(), "node-b", "b");
-    let shared = a.wait_line(Duration::from_secs(120), |l| {
-        l.contains("dataflow for assignment")
-            && partitions_of_line(l).is_some_and(|p| !p.is_empty() && p.len() < PARTITIONS as usize)
-    });
-    assert!(
-        shared.is_some(),
-        "a never shared the work\n{}",
-        a.describe()
-    );
+    let mut run = two_instances(test, "scale-zombie", 2_000);
+    let (a, b) = (&mut run.a, &mut run.b);
     // skip to a's latest line, then freeze it right after its next commit
-    skip_to_end(&mut a);
+    skip_to_end(a);
     let committed = a.next_line(Duration::from_secs(60), |l| {
         checkpoint_number(l, "committed").is_some()
     });
@@ -295,18 +323,8 @@ fn a_frozen_instance_cannot_commit_after_its_session_expired() {
     );
     let rejoined = a.next_line(Duration::from_secs(120), |l| l == "job started");
     assert!(rejoined.is_some(), "a did not rejoin\n{}", a.describe());
-
-    producer.join().expect("input producer");
-    let mut tail = Tail::new(&bootstrap, &base.output, &base.dlq());
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !tail.complete(&data) && Instant::now() < deadline {
-        tail.poll_for(&data, Duration::from_secs(1));
-    }
-    a.stop_gracefully(Duration::from_secs(60));
-    b.stop_gracefully(Duration::from_secs(60));
-    let report = check_output(&bootstrap, &base, &data);
-    eprintln!("[eos] {test}: zombie's first event after resume: {next:?}\n{report}");
-    assert!(report.is_exact(), "output after the zombie:\n{report}");
-    drop(broker);
-    finish_dir(dir);
+    run.finish_exact(
+        test,
+        &format!("a zombie whose first event after SIGCONT was {next:?}"),
+    );
 }

@@ -170,6 +170,19 @@ impl KafkaJobArgs {
     }
 }
 
+impl Settings {
+    /// The sinks' configuration: output topic, mode, prefix, timeouts and client properties.
+    pub(crate) fn sink_config(&self, brokers: &str) -> crate::kafka::KafkaSinkConfig {
+        crate::kafka::KafkaSinkConfig::new(brokers.to_string(), self.output.clone())
+            .mode(self.mode)
+            .transactional_id_prefix(self.prefix.clone())
+            .transaction_timeout(self.timeout)
+            .checkpoint_interval(self.interval)
+            .recovery_allowance(self.allowance)
+            .client_properties(self.properties.clone())
+    }
+}
+
 /// `--instance-id`: a name usable in a transactional id, for a transactional-offsets job on
 /// a cluster (instances of one job must share one).
 fn check_instance_id(id: &str, mode: DeliveryMode, has_brokers: bool) -> Result<()> {

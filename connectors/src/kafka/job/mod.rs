@@ -54,7 +54,7 @@ pub use exit::{exit_code, init_tracing};
 pub use outputs::KafkaOutputs;
 pub use scaled::{DATAFLOWS, REBALANCE_PAUSE_SECONDS};
 
-use crate::kafka::{Decoder, KafkaError, KafkaMessage, KafkaSinkConfig, KafkaSource, Result};
+use crate::kafka::{Decoder, KafkaError, KafkaMessage, KafkaSource, Result};
 use embedded::Embedded;
 use outputs::{Progress, Sealing};
 use watcher::spawn_watcher;
@@ -216,13 +216,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             let dir = self.args.runtime.checkpoint_dir.clone().unwrap_or_else(|| {
                 PathBuf::from("./onceflow-checkpoints").join(format!("{}-{instance}", self.name))
             });
-            let sink_cfg = KafkaSinkConfig::new(brokers.clone(), s.output.clone())
-                .mode(s.mode)
-                .transactional_id_prefix(s.prefix.clone())
-                .transaction_timeout(s.timeout)
-                .checkpoint_interval(s.interval)
-                .recovery_allowance(s.allowance)
-                .client_properties(s.properties.clone());
+            let sink_cfg = s.sink_config(brokers);
             let brokers = brokers.clone();
             let outcome = self.run_instance(&s, &brokers, &dir, &helper, sink_cfg, pipeline);
             if let Ok(summary) = &outcome {
@@ -274,13 +268,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             _ => None,
         };
 
-        let sink_cfg = KafkaSinkConfig::new(brokers.clone(), s.output.clone())
-            .mode(s.mode)
-            .transactional_id_prefix(s.prefix.clone())
-            .transaction_timeout(s.timeout)
-            .checkpoint_interval(s.interval)
-            .recovery_allowance(s.allowance)
-            .client_properties(s.properties.clone());
+        let sink_cfg = s.sink_config(&brokers);
         if !s.properties.is_empty() {
             tracing::info!(properties = %s.properties.describe(), "Kafka client properties");
         }
