@@ -26,6 +26,9 @@ pub(crate) struct Progress {
     recovered: AtomicUsize,
     /// Sink subtasks that committed each checkpoint (`checkpoint N committed` once all did).
     committed: Mutex<HashMap<CheckpointId, usize>>,
+    /// Scaled-out instances: when the assignment change that led to this dataflow happened;
+    /// its pause is recorded when the dataflow starts (`job started`).
+    pub(crate) paused_since: Mutex<Option<std::time::Instant>>,
 }
 
 impl Progress {
@@ -233,6 +236,15 @@ impl KafkaOutputs {
                 let total = on_recovered.sink_subtasks.load(Ordering::SeqCst);
                 if on_recovered.recovered.fetch_add(1, Ordering::SeqCst) + 1 == total {
                     say("job started".to_string());
+                    let paused = on_recovered
+                        .paused_since
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .take();
+                    if let Some(t) = paused {
+                        metrics::histogram!(super::REBALANCE_PAUSE_SECONDS)
+                            .record(t.elapsed().as_secs_f64());
+                    }
                 }
             });
         if let Some(seal) = &self.seal {

@@ -328,6 +328,10 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             progress
                 .processed
                 .store(totals.processed, Ordering::Relaxed);
+            *progress
+                .paused_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = pause_from.take();
             let counter = progress.clone();
             let inner = self.decoder.clone();
             let decoder = Decoder::from_owned(move |m| {
@@ -414,26 +418,8 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 self.args.exit_when_idle_ms.map(Duration::from_millis),
                 false,
             );
-            let started = progress.clone();
-            let pause_at = pause_from.take();
-            let pause_watch = std::thread::spawn({
-                let done = watcher_done.clone();
-                move || {
-                    while !done.load(Ordering::Relaxed) {
-                        if started.started() {
-                            if let Some(t) = pause_at {
-                                metrics::histogram!(REBALANCE_PAUSE_SECONDS)
-                                    .record(t.elapsed().as_secs_f64());
-                            }
-                            return;
-                        }
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                }
-            });
             let result = env.execute_blocking();
             watcher_done.store(true, Ordering::Relaxed);
-            let _ = pause_watch.join();
             let rebalanced = {
                 let mut slot = shared.slot();
                 slot.stop = None;
