@@ -139,9 +139,11 @@ fn main() {
         .watermarks(watermarks)
         .demo(move |at| demo_support::start_demo(at, rate, demo::event(), demo::Windows::default()))
         .main(move |input, out| {
-            let by_user = input
-                .flat_map(|i: Input| i.click)
-                .key_by(|c: &Click| c.user.clone());
+            // keyed through the library: a scaled-out instance keeps the windows' state in
+            // Kafka by the user's task
+            let by_user = out.key_by(&input.flat_map(|i: Input| i.click), |c: &Click| {
+                c.user.clone()
+            });
             let minutes = by_user
                 .window(WindowAssigner::tumbling(Duration::from_secs(60)), |c| c.ts)
                 .allowed_lateness(lateness)

@@ -45,6 +45,7 @@ ALL=(
   onceflow-connectors:scale_source
   onceflow-connectors:scale_changelog
   onceflow-connectors:scale_restore
+  onceflow-connectors:scale_repartition
   onceflow-broker:restart
   onceflow-broker:storage_kill9
   onceflow-broker:storage_crash

@@ -54,7 +54,7 @@ fn instances_killed_and_started_keep_the_output_exact() {
     // a killed instance's open transaction blocks the output until it is aborted: by the
     // instance's next incarnation, or by the broker after this timeout
     base.transaction_timeout_ms = Some(8_000);
-    let (broker, data) = setup(dir.path(), &base, 30_000, seed(test));
+    let (broker, data) = setup(dir.path(), &base, 200_000, seed(test));
     let bootstrap = broker.bootstrap().to_string();
     // an input of 6 partitions whose records are keyed by their id's partition, not by the
     // key the totals are kept by: every record goes through the repartition topic
@@ -327,4 +327,60 @@ fn a_frozen_instance_cannot_commit_after_its_session_expired() {
         test,
         &format!("a zombie whose first event after SIGCONT was {next:?}"),
     );
+}
+
+/// A second process started under the name of a running instance waits for the session
+/// timeout (a killed incarnation's session would have expired by then), finds the running
+/// one still in the group and is refused with the reason; the running instance is not
+/// disturbed and the output stays exact.
+#[test]
+fn a_second_process_with_a_running_instance_id_is_refused() {
+    let _machine = exclusive();
+    let test = "eos_scale_out_same_name";
+    let dir = scenario_dir(test);
+    let mut base = JobArgs::new("transactional-offsets", dir.path());
+    base.prefix = "scale-name".into();
+    base.group = "scale-name".into();
+    base.extra_args.push("--input-partitioned-by-key".into());
+    let (broker, data) = setup(dir.path(), &base, 3_000, seed(test));
+    let data = data.partitioned_by_key();
+    let bootstrap = broker.bootstrap().to_string();
+    let mut a = start(&bootstrap, &base, dir.path(), "node-a", "a-1");
+    produce_all(&bootstrap, &base.input, &data);
+
+    // the same --instance-id, its own checkpoint directory (a shared one is refused sooner)
+    let mut args = instance_args(&base, dir.path(), "node-a");
+    args.checkpoint_dir = dir.path().join("checkpoints-node-a-again");
+    let mut again = spawn_job(&bootstrap, &args, "a-again");
+    again.expect_failure(
+        Duration::from_secs(90),
+        "node-a already runs: the second process must not join",
+    );
+    let said = again.stderr_tail(100);
+    assert!(
+        said.contains("instance `node-a` is already running"),
+        "the refusal does not say why\n{}",
+        again.describe()
+    );
+    assert!(
+        again
+            .lines()
+            .iter()
+            .all(|l| !l.contains("dataflow for assignment")),
+        "the second process built a dataflow before it was refused\n{}",
+        again.describe()
+    );
+    assert!(a.try_status().is_none(), "node-a exited\n{}", a.describe());
+
+    let mut tail = Tail::new(&bootstrap, &base.output, &base.dlq());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !tail.complete(&data) && Instant::now() < deadline {
+        tail.poll_for(&data, Duration::from_secs(1));
+    }
+    a.stop_gracefully(Duration::from_secs(60));
+    let report = check_output(&bootstrap, &base, &data);
+    eprintln!("[eos] {test}: second node-a refused\n{report}");
+    assert!(report.is_exact(), "output:\n{report}");
+    drop(broker);
+    finish_dir(dir);
 }

@@ -2,12 +2,15 @@
 //! directory, group and prefix) starts once the first committed checkpoint 2; the first must
 //! notice it was fenced and stop, and every tumbling window and session of the input must be
 //! in the read_committed output exactly once, with the right count and sum. Both exactly-once
-//! modes. Runs the broker and the jobs as child processes on 127.0.0.1.
+//! modes. The same exactness holds for two scaled-out instances (`--instance-id`) on an input
+//! partitioned by user while they are SIGKILLed and restarted: the windows move between them
+//! through their changelog. Runs the broker and the jobs as child processes on 127.0.0.1.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use onceflow_testkit::bins::*;
+use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
 use onceflow_testkit::jobs::*;
@@ -64,9 +67,39 @@ fn expected() -> BTreeMap<WindowId, WindowResult> {
     out
 }
 
-/// Produces the events in 30 chunks 200 ms apart, then one far-future event per partition
-/// (user `flush`) so the watermark passes every window of the real users.
-fn produce(bootstrap: &str, topic: &str) -> std::thread::JoinHandle<()> {
+/// The partition of the events of `user-N` (or `flush-N`): `N % 4`.
+fn by_user_number(user: &str) -> i32 {
+    let n: i32 = user
+        .rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    n % PARTITIONS
+}
+
+/// The partition Kafka's default partitioner gives `user` (murmur2 of the key bytes).
+fn by_key(user: &str) -> i32 {
+    onceflow::connectors::kafka::scale::task_of(user.as_bytes(), PARTITIONS as u32) as i32
+}
+
+/// A user name of the flush events for partition `p` that `partition_of` puts on `p`.
+fn flush_user(p: i32, partition_of: fn(&str) -> i32) -> String {
+    (0..)
+        .map(|j| format!("flush-{j}"))
+        .find(|u| partition_of(u) == p)
+        .expect("some name lands on every partition")
+}
+
+/// Produces the events in `chunks` chunks `pause` apart (each user's events on
+/// `partition_of(user)`), then one far-future event per partition (a `flush-*` user) so the
+/// watermark passes every window of the real users.
+fn produce(
+    bootstrap: &str,
+    topic: &str,
+    partition_of: fn(&str) -> i32,
+    chunks: usize,
+    pause: Duration,
+) -> std::thread::JoinHandle<()> {
     let record = |partition: i32, user: &str, ts: i64, amount: i64| -> Produced {
         let value = format!(r#"{{"user":"{user}","ts":{ts},"amount":{amount}}}"#);
         (Some(partition), user.to_string(), value.into_bytes())
@@ -74,12 +107,19 @@ fn produce(bootstrap: &str, topic: &str) -> std::thread::JoinHandle<()> {
     let mut records: Vec<Produced> = (0..EVENTS)
         .map(|i| {
             let (u, ts, amount) = event(i);
-            record((u % 4) as i32, &format!("user-{u}"), ts, amount)
+            let user = format!("user-{u}");
+            record(partition_of(&user), &user, ts, amount)
         })
         .collect();
     let last = event(EVENTS - 1).1;
-    records.extend((0..PARTITIONS).map(|p| record(p, "flush", last + 3_600_000, 0)));
-    produce_records_paced(bootstrap, topic, records, 30, Duration::from_millis(200))
+    records.extend(
+        (0..PARTITIONS).map(|p| record(p, &flush_user(p, partition_of), last + 3_600_000, 0)),
+    );
+    produce_records_paced(bootstrap, topic, records, chunks, pause)
+}
+
+fn is_flush(user: &str) -> bool {
+    user.starts_with("flush")
 }
 
 /// The output's windows (the flush user's left out), each with every result emitted for it.
@@ -88,7 +128,7 @@ fn windows(records: &[Consumed]) -> BTreeMap<WindowId, Vec<WindowResult>> {
     for r in records {
         let v: serde_json::Value = serde_json::from_slice(&r.value).expect("output is JSON");
         let user = v["user"].as_str().unwrap_or_default().to_string();
-        if user == "flush" {
+        if is_flush(&user) {
             continue;
         }
         let kind = v["kind"].as_str().unwrap_or_default().to_string();
@@ -103,6 +143,43 @@ fn windows(records: &[Consumed]) -> BTreeMap<WindowId, Vec<WindowResult>> {
     got
 }
 
+/// The job's flags on the test's topics, with `extra` after them.
+fn job_args(
+    bootstrap: &str,
+    mode: &str,
+    checkpoint_dir: &std::path::Path,
+    extra: &[&str],
+) -> Vec<String> {
+    [
+        "--brokers",
+        bootstrap,
+        "--input",
+        "clicks",
+        "--output",
+        "click-counts",
+        "--group",
+        "windowed-group",
+        "--mode",
+        mode,
+        "--transactional-id-prefix",
+        "windowed",
+        "--checkpoint-dir",
+        checkpoint_dir.to_str().expect("utf-8 path"),
+        "--checkpoint-interval-ms",
+        "500",
+        "--parallelism",
+        "2",
+        // every partition has data throughout: none may be declared idle (its later records
+        // would be late)
+        "--idle-timeout-ms",
+        "600000",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect()
+}
+
 fn takeover(test: &str, mode: &str) {
     let _machine = exclusive();
     let dir = scenario_dir(test);
@@ -115,36 +192,15 @@ fn takeover(test: &str, mode: &str) {
         &[input, output, "click-counts.late"],
         PARTITIONS,
     );
-    let ckpt = dir.path().join("checkpoints");
-    let args: Vec<String> = [
-        "--brokers",
-        &bootstrap,
-        "--input",
-        input,
-        "--output",
-        output,
-        "--group",
-        "windowed-group",
-        "--mode",
-        mode,
-        "--transactional-id-prefix",
-        "windowed",
-        "--checkpoint-dir",
-        ckpt.to_str().expect("utf-8 path"),
-        "--checkpoint-interval-ms",
-        "500",
-        "--parallelism",
-        "2",
-        // every partition has data throughout: none may be declared idle (its later records
-        // would be late)
-        "--idle-timeout-ms",
-        "600000",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = job_args(&bootstrap, mode, &dir.path().join("checkpoints"), &[]);
 
-    let producer = produce(&bootstrap, input);
+    let producer = produce(
+        &bootstrap,
+        input,
+        by_user_number,
+        30,
+        Duration::from_millis(200),
+    );
     let mut first = spawn_example("windowed_counts", &args, dir.path(), "first");
     let line = first.wait_line(Duration::from_secs(90), |l| {
         checkpoint_number(l, "committed").is_some_and(|n| n >= 2)
@@ -170,28 +226,44 @@ fn takeover(test: &str, mode: &str) {
     );
     producer.join().expect("input producer");
 
+    let mut jobs = [first, second];
+    check_windows(test, &bootstrap, output, &mut jobs, "after the takeover");
+    drop(broker);
+    finish_dir(dir);
+}
+
+/// Waits until the read_committed output has a result for every window of the input, stops
+/// the jobs still running, and checks that every window is there exactly once with the right
+/// count and sum, that no other window is, and that no event went to the late topic.
+fn check_windows(test: &str, bootstrap: &str, output: &str, jobs: &mut [Proc], what: &str) {
     let want = expected();
-    let real = |recs: &Vec<Consumed>| recs.iter().filter(|r| r.key_str() != "flush").count();
+    let real = |recs: &Vec<Consumed>| recs.iter().filter(|r| !is_flush(&r.key_str())).count();
     let seen = wait_for(
         Duration::from_secs(120),
-        || read_topic(&bootstrap, output, true),
+        || read_topic(bootstrap, output, true),
         |recs| real(recs) >= want.len(),
     );
     if seen.is_none() {
-        let got = windows(&read_topic(&bootstrap, output, true));
+        let got = windows(&read_topic(bootstrap, output, true));
         let missing: Vec<_> = want.keys().filter(|k| !got.contains_key(*k)).collect();
         panic!(
-            "the output did not reach {} windows within 120 s: {} missing, e.g. {:?}\n{}\n{}",
+            "the output did not reach {} windows within 120 s: {} missing, e.g. {:?}\n{}",
             want.len(),
             missing.len(),
             &missing[..missing.len().min(10)],
-            first.describe(),
-            second.describe()
+            jobs.iter()
+                .map(|j| j.describe())
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
-    second.stop_gracefully(Duration::from_secs(60));
+    for job in jobs.iter_mut() {
+        if job.try_status().is_none() {
+            job.stop_gracefully(Duration::from_secs(60));
+        }
+    }
 
-    let got = windows(&read_topic(&bootstrap, output, true));
+    let got = windows(&read_topic(bootstrap, output, true));
     let repeated: Vec<_> = got.iter().filter(|(_, v)| v.len() > 1).take(10).collect();
     assert!(
         repeated.is_empty(),
@@ -226,15 +298,13 @@ fn takeover(test: &str, mode: &str) {
         "windows the input does not have: {extra:?}"
     );
     assert!(
-        read_topic(&bootstrap, "click-counts.late", true).is_empty(),
+        read_topic(bootstrap, &format!("{output}.late"), true).is_empty(),
         "events went to the late topic"
     );
     eprintln!(
-        "[eos] {test}: {} windows, each exactly once after the takeover",
+        "[eos] {test}: {} windows, each exactly once {what}",
         want.len()
     );
-    drop(broker);
-    finish_dir(dir);
 }
 
 #[test]
@@ -245,4 +315,111 @@ fn two_phase_commit_takeover_emits_every_window_once() {
 #[test]
 fn transactional_offsets_takeover_emits_every_window_once() {
     takeover("eos_windowed_takeover_txn_offsets", "transactional-offsets");
+}
+
+/// Scaled-out instance `name`: its own checkpoint directory, input partitioned by user.
+fn start_instance(bootstrap: &str, dir: &std::path::Path, name: &str, run: &str) -> Proc {
+    let args = job_args(
+        bootstrap,
+        "transactional-offsets",
+        &dir.join(format!("checkpoints-{name}")),
+        &[
+            "--instance-id",
+            name,
+            "--input-partitioned-by-key",
+            "--session-timeout-ms",
+            "6000",
+            "--transaction-timeout-ms",
+            "8000",
+            "--recovery-allowance-ms",
+            "3000",
+        ],
+    );
+    let mut p = spawn_example("windowed_counts", &args, dir, run);
+    let started = p.wait_line(Duration::from_secs(120), |l| l == "job started");
+    assert!(started.is_some(), "{run} did not start\n{}", p.describe());
+    p
+}
+
+/// Two scaled-out instances share the windows of an input partitioned by user; each in turn
+/// is SIGKILLed right after a commit it reported, its checkpoint directory deleted, and
+/// started again. The windows of the killed instance's tasks continue on the other instance
+/// from their changelog, and come back the same way: every window is emitted exactly once
+/// with the right count and sum.
+#[test]
+fn scaled_out_instances_emit_every_window_once() {
+    let _machine = exclusive();
+    let test = "eos_windowed_scale_out";
+    let dir = scenario_dir(test);
+    bins();
+    let broker = scenario_broker(dir.path(), &[]);
+    let bootstrap = broker.bootstrap().to_string();
+    create_topics(
+        &bootstrap,
+        &["clicks", "click-counts", "click-counts.late"],
+        PARTITIONS,
+    );
+    let users: std::collections::BTreeSet<i32> =
+        (0..USERS).map(|u| by_key(&format!("user-{u}"))).collect();
+    assert_eq!(
+        users.len(),
+        PARTITIONS as usize,
+        "every partition has users"
+    );
+    let producer = produce(&bootstrap, "clicks", by_key, 60, Duration::from_millis(300));
+    let mut a = start_instance(&bootstrap, dir.path(), "node-a", "a-1");
+    let mut b = start_instance(&bootstrap, dir.path(), "node-b", "b-1");
+    let mut changes = Vec::new();
+    for (round, victim) in ["node-a", "node-b"].into_iter().enumerate() {
+        let (p, other) = if victim == "node-a" {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        // the victim shares the tasks with the other instance and committed some windows
+        let shared = p.next_line(Duration::from_secs(120), |l| {
+            l.contains("dataflow for assignment")
+                && !l.contains("partitions []")
+                && !l.contains("partitions [0, 1, 2, 3]")
+        });
+        assert!(
+            shared.is_some(),
+            "{victim} never shared the tasks\n{}",
+            p.describe()
+        );
+        let committed = p.next_line(Duration::from_secs(60), |l| {
+            checkpoint_number(l, "committed").is_some()
+        });
+        assert!(
+            committed.is_some(),
+            "{victim} committed nothing\n{}",
+            p.describe()
+        );
+        assert!(p.kill9(), "{victim} had exited\n{}", p.describe());
+        std::fs::remove_dir_all(dir.path().join(format!("checkpoints-{victim}")))
+            .expect("delete the killed instance's checkpoint directory");
+        changes.push(format!("SIGKILL {victim}"));
+        // the other instance takes every task and commits with the moved windows
+        let all = other.next_line(Duration::from_secs(90), |l| {
+            l.contains("dataflow for assignment") && l.contains("partitions [0, 1, 2, 3]")
+        });
+        assert!(
+            all.is_some(),
+            "the killed instance's tasks did not move\n{}",
+            other.describe()
+        );
+        let run = format!("{}-{}", &victim[5..], round + 2);
+        *p = start_instance(&bootstrap, dir.path(), victim, &run);
+        changes.push(format!("started {victim}"));
+    }
+    producer.join().expect("input producer");
+    check_windows(
+        test,
+        &bootstrap,
+        "click-counts",
+        &mut [a, b],
+        &format!("through {}", changes.join(", ")),
+    );
+    drop(broker);
+    finish_dir(dir);
 }

@@ -234,3 +234,24 @@ fn failing_pre_commit_fails_the_checkpoint_not_the_job() {
     out.sort_unstable();
     assert_eq!(out, (0..200_000u64).map(|x| x * 2).collect::<Vec<_>>());
 }
+
+/// A keyed operator tells whether its key stream declared a route: a scaled-out job refuses
+/// the ones without (their state could not be placed in the changelog).
+#[test]
+fn keyed_operators_without_a_route_are_listed() {
+    let env = StreamEnvironment::new(JobConfig::new("routes").parallelism(2));
+    let input = env.source("in", MemorySource::new((0..10u64).collect()));
+    let sum = |acc: &mut u64, r: u64| *acc += r;
+    input
+        .key_by(|r: &u64| r % 3)
+        .aggregate(|| 0u64, sum, |_: &u64, acc: &u64| *acc);
+    input
+        .key_by(|r: &u64| r % 5)
+        .routed_by(|k: &u64| k.to_be_bytes().to_vec())
+        .aggregate(|| 0u64, sum, |_: &u64, acc: &u64| *acc);
+    input.map(|r| r + 1).rebalance(2).filter(|r| r % 2 == 0);
+    assert_eq!(env.key_routes().len(), 1, "one operator declared a route");
+    let unrouted = env.keyed_operators_without_route();
+    assert_eq!(unrouted.len(), 1, "{unrouted:?}");
+    assert!(unrouted[0].contains("aggregate"), "{unrouted:?}");
+}

@@ -62,6 +62,8 @@ pub(crate) struct Node {
     pub runner: Arc<dyn NodeRunner>,
     /// A keyed operator's [`crate::KeyRoute`], if its key stream declared one.
     pub key_route: Option<crate::KeyRoute>,
+    /// Whether an input edge of this node is keyed (its records arrive by key group).
+    pub keyed_input: bool,
 }
 
 /// Builds the channels of one edge.

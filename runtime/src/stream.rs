@@ -100,6 +100,7 @@ impl StreamEnvironment {
             kind,
             runner,
             key_route: None,
+            keyed_input: false,
         });
         id
     }
@@ -118,6 +119,19 @@ impl StreamEnvironment {
             .nodes
             .iter()
             .filter_map(|n| n.key_route.clone().map(|r| (n.uid.clone(), r)))
+            .collect()
+    }
+
+    /// The names of the keyed operators (a keyed input edge) whose key stream declared no
+    /// [`KeyRoute`]: a job whose keyed state must live outside the process (a scaled-out
+    /// job's changelog) cannot place their state and refuses them.
+    pub fn keyed_operators_without_route(&self) -> Vec<String> {
+        self.graph
+            .borrow()
+            .nodes
+            .iter()
+            .filter(|n| n.keyed_input && n.key_route.is_none())
+            .map(|n| n.name.clone())
             .collect()
     }
 
@@ -212,6 +226,9 @@ impl<T: Data> DataStream<T> {
         wrap: crate::graph::WrapFn<T, In>,
     ) {
         let mut g = self.env.graph.borrow_mut();
+        if matches!(partitioning, Partitioning::KeyGroups(_)) {
+            g.nodes[to].keyed_input = true;
+        }
         for p in &self.producers {
             g.edges.push(Edge {
                 from: *p,

@@ -175,8 +175,10 @@ fn job_fingerprint(name: &str, s: &Settings) -> String {
 }
 
 impl<T: onceflow_runtime::Data> KafkaJob<T> {
-    /// Builds the pipeline once without running it and counts its keyed exchanges
-    /// ([`KafkaOutputs::key_by`] calls).
+    /// Builds the pipeline once without running it: counts its keyed exchanges
+    /// ([`KafkaOutputs::key_by`] calls) and refuses what a scaled-out job cannot run: keyed
+    /// operators whose state has no place in the changelog, and event time behind a
+    /// repartition topic.
     fn planned_exchanges(
         &self,
         s: &Settings,
@@ -197,7 +199,26 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
         )
         .with_exchange(Exchange::Plan { count: 0 });
         pipeline(input, &mut outputs);
-        Ok(outputs.planned_exchanges())
+        let unrouted = env.keyed_operators_without_route();
+        if !unrouted.is_empty() {
+            return Err(KafkaError::Config(format!(
+                "job {}: keyed operator(s) {unrouted:?} are keyed with DataStream::key_by; in a \
+                 scaled-out job (--instance-id) keyed state lives in Kafka, by the key's task: \
+                 key the stream with KafkaOutputs::key_by",
+                self.name
+            )));
+        }
+        let exchanges = outputs.planned_exchanges();
+        if exchanges > 0 && !s.input_partitioned_by_key && self.watermarks.is_some() {
+            return Err(KafkaError::Config(format!(
+                "job {}: it has event-time watermarks and keys its stream through a repartition \
+                 topic, which does not carry watermarks: its windows and event-time timers would \
+                 never fire. Partition the input by the key (Kafka's default partitioner, \
+                 murmur2 of the key bytes) and pass --input-partitioned-by-key",
+                self.name
+            )));
+        }
+        Ok(exchanges)
     }
 
     /// Runs this process as instance `s.instance_id` of a scaled-out job until it is stopped.
@@ -242,11 +263,11 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
         // the keyed exchanges of the pipeline: each goes through a repartition topic with as
         // many partitions as the input, which must exist before the member subscribes to it
         let input_partitions = input_partition_count(brokers, s)?;
+        let exchanges = self.planned_exchanges(s, brokers, &instance_cfg, &pipeline)?;
         let repartition_topics: Vec<RepartitionTopic> = if s.input_partitioned_by_key {
             Vec::new()
         } else {
-            let n = self.planned_exchanges(s, brokers, &instance_cfg, &pipeline)?;
-            (0..n)
+            (0..exchanges)
                 .map(|i| RepartitionTopic::new(&s.prefix, &format!("key-by-{i}"), input_partitions))
                 .collect()
         };
@@ -264,6 +285,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             MemberConfig::new(brokers, s.group.clone(), topics, instance.to_string());
         member_cfg.session_timeout = s.session_timeout;
         member_cfg.client_properties = s.properties.clone();
+        crate::kafka::scale::wait_until_instance_is_free(&member_cfg)?;
         let member =
             InstanceMember::start(&member_cfg, Arc::new(Listener(shared.clone())), &s.input)?;
         let first_wait = (s.session_timeout * 3).max(Duration::from_secs(60));

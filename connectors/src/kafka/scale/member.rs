@@ -176,6 +176,65 @@ impl MemberConfig {
     }
 }
 
+/// The `client.id` of instance `instance`'s group member: how a process running under the
+/// same `--instance-id` is recognised in the group's member list.
+pub fn member_client_id(instance: &str) -> String {
+    format!("onceflow-instance-{instance}")
+}
+
+/// Waits until no member of `config.group` carries `config.instance_id`, for at most the
+/// session timeout and 3 s more. A killed incarnation of the instance stays a member until its
+/// session expires, so a restart waits for that; a member still there afterwards is alive:
+/// another process started with the same `--instance-id`, which is refused (the two would
+/// write under one transactional id and fence each other's transactions). Blocking.
+pub fn wait_until_instance_is_free(config: &MemberConfig) -> Result<(), KafkaError> {
+    let me = member_client_id(&config.instance_id);
+    let consumer: BaseConsumer = config
+        .client_properties
+        .client_config(&config.brokers)
+        .set("group.id", &config.group)
+        .create()
+        .map_err(|e| KafkaError::client("creating the group inspection client", e))?;
+    let limit = config.session_timeout + Duration::from_secs(3);
+    let t0 = Instant::now();
+    let mut said = false;
+    loop {
+        let groups = consumer
+            .fetch_group_list(Some(&config.group), Duration::from_secs(10))
+            .map_err(|e| KafkaError::client(format!("describing group {}", config.group), e))?;
+        let holder = groups
+            .groups()
+            .iter()
+            .filter(|g| g.name() == config.group)
+            .flat_map(|g| g.members())
+            .find(|m| m.client_id() == me)
+            .map(|m| format!("member {} at {}", m.id(), m.client_host()));
+        let Some(holder) = holder else {
+            return Ok(());
+        };
+        if t0.elapsed() >= limit {
+            return Err(KafkaError::Config(format!(
+                "instance `{}` is already running in group {} ({holder}, alive for the {} ms \
+                 session timeout): every instance of a job needs its own --instance-id",
+                config.instance_id,
+                config.group,
+                config.session_timeout.as_millis()
+            )));
+        }
+        if !said {
+            tracing::info!(
+                instance = %config.instance_id,
+                group = %config.group,
+                %holder,
+                "a member of this instance's name is in the group: waiting for its session to \
+                 expire (a previous incarnation) or refusing to start (another live process)"
+            );
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// One instance's membership of the job's consumer group, and its read_committed consumer.
 pub struct GroupMember {
     consumer: Arc<BaseConsumer<MemberContext>>,
@@ -196,6 +255,7 @@ impl GroupMember {
         let mut cfg = config.client_properties.client_config(&config.brokers);
         cfg.set("group.id", &config.group)
             .set("group.instance.id", &config.instance_id)
+            .set("client.id", member_client_id(&config.instance_id))
             .set("partition.assignment.strategy", "cooperative-sticky")
             .set(
                 "session.timeout.ms",

@@ -17,7 +17,10 @@ pub use changelog::{
     RESTORE_SECONDS,
 };
 pub use key::{murmur2, task_of, KafkaKey};
-pub use member::{GroupMember, MemberConfig, RebalanceListener, TopicPartition};
+pub use member::{
+    member_client_id, wait_until_instance_is_free, GroupMember, MemberConfig, RebalanceListener,
+    TopicPartition,
+};
 pub use queues::{InstanceMember, RecordQueue};
 pub use repartition::{
     ensure_repartition_topics, key_by_through, repartition_topic_name, Repartition,
