@@ -62,6 +62,9 @@ fn instances_killed_and_started_keep_the_output_exact() {
     create_topics(&bootstrap, &[&base.input], 6);
     let data = data.spread_over(6);
     let mut rng = StdRng::seed_from_u64(seed(test));
+    // consumed repartition records are deleted every 2 s
+    base.extra_args
+        .extend(["--repartition-purge-interval-ms", "2000"].map(String::from));
 
     let producer = produce_paced(
         &bootstrap,
@@ -144,8 +147,28 @@ fn instances_killed_and_started_keep_the_output_exact() {
         report.is_exact(),
         "output after {changes} membership changes:\n{report}"
     );
+    // the instances deleted what they had consumed from the repartition topic
+    let purged = repartition_low_watermarks(&bootstrap, "scale-etl-key-by-0-repartition", 6);
+    eprintln!("[eos] {test}: repartition partitions start at {purged:?}");
+    assert!(
+        purged.iter().all(|&low| low > 0),
+        "a repartition partition was never purged: low watermarks {purged:?}"
+    );
     drop(broker);
     finish_dir(dir);
+}
+
+/// The first offset still stored in each partition of `topic`.
+fn repartition_low_watermarks(bootstrap: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    use rdkafka::consumer::Consumer;
+    let c = onceflow_testkit::clients::consumer_with(bootstrap, true, false);
+    (0..partitions)
+        .map(|p| {
+            c.fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks of the repartition topic")
+                .0
+        })
+        .collect()
 }
 
 /// Moves `p`'s line cursor past every line printed so far.

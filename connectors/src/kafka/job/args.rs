@@ -62,6 +62,10 @@ pub struct KafkaJobArgs {
     /// Scaled-out mode: an instance silent for this long loses its partitions to the others.
     #[arg(long, default_value_t = 10_000)]
     pub session_timeout_ms: u64,
+    /// Scaled-out mode: how often an instance deletes the records of the job's repartition
+    /// topics below the group's committed offsets (DeleteRecords); 0 never does.
+    #[arg(long, default_value_t = 30_000)]
+    pub repartition_purge_interval_ms: u64,
     /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -99,6 +103,8 @@ pub(crate) struct Settings {
     pub instance_id: Option<String>,
     pub session_timeout: Duration,
     pub input_partitioned_by_key: bool,
+    /// Scaled-out mode: the repartition purge interval (`None`: never).
+    pub repartition_purge_interval: Option<Duration>,
 }
 
 impl KafkaJobArgs {
@@ -162,6 +168,8 @@ impl KafkaJobArgs {
             instance_id: self.instance_id.clone(),
             session_timeout: Duration::from_millis(self.session_timeout_ms),
             input_partitioned_by_key: self.input_partitioned_by_key,
+            repartition_purge_interval: (self.repartition_purge_interval_ms > 0)
+                .then(|| Duration::from_millis(self.repartition_purge_interval_ms)),
         };
         if s.mode.is_transactional() {
             crate::kafka::validate_transaction_timeout(s.timeout, s.interval, s.allowance, None)?;

@@ -30,7 +30,8 @@ use super::watcher::spawn_watcher;
 use super::{failpoint, instance, permissions, say, startup, JobSummary, KafkaJob};
 use crate::kafka::scale::{
     ensure_changelog_topics, ensure_repartition_topics, ChangelogTopic, InstanceMember,
-    MemberConfig, RebalanceListener, Repartition, RepartitionTopic, StateChangelog, TopicPartition,
+    MemberConfig, RebalanceListener, Repartition, RepartitionPurger, RepartitionTopic,
+    StateChangelog, TopicPartition,
 };
 use crate::kafka::{
     Decoder, KafkaError, KafkaSinkConfig, KafkaSource, OffsetsLink, PrefixClaim, Result,
@@ -138,6 +139,41 @@ fn watch_signals(helper: &tokio::runtime::Runtime, shared: Arc<Shared>) -> Resul
         });
     }
     Ok(())
+}
+
+/// Purges the job's repartition topics every `every` on a thread of its own until dropped
+/// ([`RepartitionPurger`]); a failed round is logged and retried at the next.
+struct PurgeThread {
+    stop: Arc<AtomicBool>,
+}
+
+impl PurgeThread {
+    fn start(mut purger: RepartitionPurger, every: Duration) -> Result<PurgeThread> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::Builder::new()
+            .name("repartition-purge".into())
+            .spawn(move || loop {
+                let next = Instant::now() + every;
+                while Instant::now() < next {
+                    if stopped.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100).min(every));
+                }
+                if let Err(e) = purger.purge() {
+                    tracing::warn!(error = %e, "purging the repartition topics failed; retrying at the next round");
+                }
+            })
+            .map_err(|e| KafkaError::Protocol(format!("cannot start the purge thread: {e}")))?;
+        Ok(PurgeThread { stop })
+    }
+}
+
+impl Drop for PurgeThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// The number of partitions of the job's input topic.
@@ -279,6 +315,18 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 -1,
             ))?;
         }
+        let _purge = match s.repartition_purge_interval {
+            Some(every) if !repartition_topics.is_empty() => Some(PurgeThread::start(
+                RepartitionPurger::new(
+                    brokers,
+                    &s.properties,
+                    &s.group,
+                    repartition_topics.clone(),
+                )?,
+                every,
+            )?),
+            _ => None,
+        };
         let mut topics = vec![s.input.clone()];
         topics.extend(repartition_topics.iter().map(|t| t.name.clone()));
         let mut member_cfg =

@@ -24,6 +24,7 @@ pub use member::{
 pub use queues::{InstanceMember, RecordQueue};
 pub use repartition::{
     ensure_repartition_topics, key_by_through, repartition_topic_name, Repartition,
-    RepartitionSink, RepartitionTopic, RepartitionWriter, REPARTITION_RECORDS,
+    RepartitionPurger, RepartitionSink, RepartitionTopic, RepartitionWriter, REPARTITION_PURGES,
+    REPARTITION_RECORDS,
 };
 pub use source::{GroupSource, GroupSourceReader};

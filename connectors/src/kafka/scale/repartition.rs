@@ -7,9 +7,18 @@
 //! repartition reader reads that topic read_committed through the instance's group member, so
 //! each key's records reach the instance that owns the key's task, and its positions commit
 //! in the instance transaction with the input's. [`ensure_repartition_topics`] creates the
-//! topics at start (`cleanup.policy=delete`) or refuses existing ones of another shape.
+//! topics at start (`cleanup.policy=delete`) or refuses existing ones of another shape;
+//! [`RepartitionPurger`] deletes what the job has consumed from them (the records below the
+//! group's committed offsets), so they do not grow with the job's history.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
 
 use onceflow_operators::{KeyBy, KeyedStream};
 use onceflow_runtime::{async_trait, CheckpointId, Data, DataStream, Key, Sink, SinkFactory};
@@ -27,6 +36,10 @@ use crate::kafka::{ClientProperties, KafkaError};
 /// Counter: records through repartition topics, label `direction` (`written`: handed to the
 /// instance transaction by a repartition writer; `read`: read back by a repartition reader).
 pub const REPARTITION_RECORDS: &str = "onceflow_repartition_records_total";
+
+/// Counter: repartition partitions whose consumed records a [`RepartitionPurger`] deleted
+/// (one per partition per DeleteRecords that moved its start).
+pub const REPARTITION_PURGES: &str = "onceflow_repartition_purged_partitions_total";
 
 const REPARTITION_KIND: TopicKind = TopicKind {
     name: "repartition",
@@ -79,6 +92,105 @@ pub async fn ensure_repartition_topics(
         })
         .collect();
     ensure_internal_topics(brokers, properties, &specs, replication, &REPARTITION_KIND).await
+}
+
+/// Deletes the records of a job's repartition topics below the group's committed offsets:
+/// every instance resumes a repartition partition from its committed offset, so nothing
+/// below it is read again (Kafka Streams purges its repartition topics the same way). Any
+/// instance may purge any partition: a committed offset only moves forward.
+pub struct RepartitionPurger {
+    consumer: BaseConsumer,
+    admin: AdminClient<DefaultClientContext>,
+    group: String,
+    topics: Vec<RepartitionTopic>,
+    /// The offset each partition was last purged up to.
+    purged: HashMap<(String, i32), i64>,
+}
+
+impl RepartitionPurger {
+    /// A purger of `topics` for the job's consumer group `group`.
+    pub fn new(
+        brokers: &str,
+        properties: &ClientProperties,
+        group: &str,
+        topics: Vec<RepartitionTopic>,
+    ) -> crate::kafka::Result<Self> {
+        let consumer: BaseConsumer = properties
+            .client_config(brokers)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|e| KafkaError::client("creating the repartition purger's client", e))?;
+        let admin: AdminClient<DefaultClientContext> =
+            properties
+                .client_config(brokers)
+                .create()
+                .map_err(|e| KafkaError::client("creating the repartition purger's admin", e))?;
+        Ok(RepartitionPurger {
+            consumer,
+            admin,
+            group: group.to_string(),
+            topics,
+            purged: HashMap::new(),
+        })
+    }
+
+    /// One round: reads the group's committed offset of every partition of the topics and
+    /// deletes the records below each one that moved since the last round. Returns how many
+    /// partitions it purged. Blocking.
+    pub fn purge(&mut self) -> crate::kafka::Result<usize> {
+        let mut all = TopicPartitionList::new();
+        for t in &self.topics {
+            for p in 0..t.partitions {
+                all.add_partition(&t.name, p);
+            }
+        }
+        let committed = self
+            .consumer
+            .committed_offsets(all, Duration::from_secs(10))
+            .map_err(|e| {
+                KafkaError::client(
+                    format!("reading the committed offsets of {}", self.group),
+                    e,
+                )
+            })?;
+        let mut delete = TopicPartitionList::new();
+        let mut asked = HashMap::new();
+        for e in committed.elements() {
+            let Offset::Offset(at) = e.offset() else {
+                continue;
+            };
+            let key = (e.topic().to_string(), e.partition());
+            if at > 0 && self.purged.get(&key).is_none_or(|&done| done < at) {
+                delete
+                    .add_partition_offset(e.topic(), e.partition(), Offset::Offset(at))
+                    .map_err(|e| KafkaError::client("listing the partitions to purge", e))?;
+                asked.insert(key, at);
+            }
+        }
+        if delete.count() == 0 {
+            return Ok(0);
+        }
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let result = futures::executor::block_on(self.admin.delete_records(&delete, &opts))
+            .map_err(|e| KafkaError::client("deleting consumed repartition records", e))?;
+        let mut purged = 0;
+        for got in result.elements() {
+            if let Err(e) = got.error() {
+                tracing::warn!(topic = got.topic(), partition = got.partition(), error = %e,
+                    "deleting consumed repartition records failed; the next round retries");
+                continue;
+            }
+            let key = (got.topic().to_string(), got.partition());
+            if let Some(at) = asked.remove(&key) {
+                self.purged.insert(key, at);
+                purged += 1;
+            }
+        }
+        metrics::counter!(REPARTITION_PURGES).increment(purged as u64);
+        tracing::debug!(partitions = purged, "purged consumed repartition records");
+        Ok(purged)
+    }
 }
 
 /// What a keyed exchange through Kafka needs: the repartition topic, the instance's group
