@@ -368,3 +368,70 @@ fn late_record_refires_within_lateness_and_goes_to_side_output_after() {
     assert_eq!(got.len(), 1);
     assert_eq!(late, vec![(1, 5, 2), (1, 6, 4)]);
 }
+
+/// A restore whose watermark is lower than the one the state was written under (a task moved
+/// to a scaled-out instance whose watermark restarts, a rescale restoring the minimum): a
+/// record of a key whose window was already fired and purged stays late, it does not open
+/// that window a second time; a key without a purged window is not affected.
+#[test]
+fn a_purged_window_stays_closed_after_a_restore_with_a_lower_watermark() {
+    for (assigner, lateness) in [
+        (
+            WindowAssigner::tumbling(std::time::Duration::from_millis(100)),
+            0,
+        ),
+        (
+            WindowAssigner::tumbling(std::time::Duration::from_millis(100)),
+            50,
+        ),
+        (
+            WindowAssigner::session(std::time::Duration::from_millis(30)),
+            0,
+        ),
+    ] {
+        let spec = WindowSpec {
+            key: Arc::new(|r: &Rec| r.0),
+            timestamp: Arc::new(|r: &Rec| r.1),
+            assigner,
+            allowed_lateness: lateness,
+        };
+        let f = Arc::new(sum_reduce());
+        let mut op = WindowOperator::new(spec.clone(), f.clone(), &info()).unwrap();
+        let mut out = Vec::new();
+        op.process((1, 10, 5), &mut out).unwrap();
+        op.handle_watermark(Watermark(1_000), &mut out).unwrap();
+        let fired = out
+            .iter()
+            .filter(|o| matches!(o, WindowOutput::Result(_)))
+            .count();
+        assert_eq!(fired, 1, "{assigner:?}: key 1's window fired once");
+
+        // the keyed state alone: the new owner's watermark starts from nothing
+        let snap = op.snapshot(1).unwrap();
+        let mut op = WindowOperator::new(spec.clone(), f.clone(), &info()).unwrap();
+        op.restore(RestoredState {
+            key_groups: snap.key_groups,
+            operator_states: Vec::new(),
+        })
+        .unwrap();
+        assert_eq!(op.current_watermark(), None);
+        let mut out = Vec::new();
+        op.process((1, 20, 7), &mut out).unwrap();
+        op.process((2, 20, 9), &mut out).unwrap();
+        op.handle_watermark(Watermark(1_000), &mut out).unwrap();
+        let mut late = Vec::new();
+        let mut results = Vec::new();
+        for o in out {
+            match o {
+                WindowOutput::Result(r) => results.push((r.key, r.value.2)),
+                WindowOutput::Late(t) => late.push(t),
+            }
+        }
+        assert_eq!(
+            late,
+            vec![(1, 20, 7)],
+            "{assigner:?}: key 1's record is late"
+        );
+        assert_eq!(results, vec![(2, 9)], "{assigner:?}: key 2's window fires");
+    }
+}

@@ -32,7 +32,7 @@ use crate::key_by::KeyedStream;
 
 pub use assigner::{Window, WindowAssigner};
 pub use function::{Aggregate, AggregateFunction, Process, Reduce, WindowFunction};
-pub use operator::{WindowOperator, WindowSpec, WINDOW_STATE};
+pub use operator::{WindowOperator, WindowSpec, WINDOW_FLOOR, WINDOW_STATE};
 
 /// One firing of a window.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

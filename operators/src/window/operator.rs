@@ -11,7 +11,13 @@
 //!   otherwise the window fires when the watermark reaches `w.max_timestamp()`;
 //! - a window is purged by the timer at `w.max_timestamp() + L`;
 //! - session windows: a record's window `[t, t + gap)` merges with every overlapping window
-//!   of its key (transitively); merging combines the states with [`WindowFunction::merge`].
+//!   of its key (transitively); merging combines the states with [`WindowFunction::merge`];
+//! - each key remembers the watermark its windows were last purged at (its *floor*, keyed state
+//!   [`WINDOW_FLOOR`]): a window `w` with `w.max_timestamp() + L <= floor` is late for that
+//!   key whatever the operator's watermark. After a restore whose watermark is lower than the
+//!   one the state was written under (a scaled-out task moved to an instance whose watermark
+//!   restarts, a rescale restoring the minimum over the old subtasks), a record that was late
+//!   before stays late, so a purged window is never opened and fired a second time.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +32,10 @@ use crate::window::{Window, WindowAssigner, WindowFunction, WindowOutput, Window
 
 /// Keyed-state table with each key's windows and their states.
 pub const WINDOW_STATE: &str = "__onceflow_windows";
+
+/// Keyed-state table with each key's floor: the watermark at the latest purge of its
+/// windows.
+pub const WINDOW_FLOOR: &str = "__onceflow_window_floor";
 
 /// Everything that defines a window operator besides its function.
 pub struct WindowSpec<K, T> {
@@ -90,9 +100,34 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
         self.watermark.unwrap_or(i64::MIN)
     }
 
-    fn is_late(&self, w: &Window) -> bool {
-        self.watermark.is_some()
-            && w.max_timestamp().saturating_add(self.spec.allowed_lateness) <= self.wm()
+    /// Whether window `w` of a key with floor `floor` is late.
+    fn is_late(&self, w: &Window, floor: Option<i64>) -> bool {
+        let end = w.max_timestamp().saturating_add(self.spec.allowed_lateness);
+        (self.watermark.is_some() && end <= self.wm()) || floor.is_some_and(|f| end <= f)
+    }
+
+    /// The key's floor: the watermark its windows were last purged at, if ever.
+    fn floor_of(&mut self, key: &K) -> Result<Option<i64>> {
+        let g = self.store.group_index(key)?;
+        Ok(self
+            .store
+            .table::<i64>(WINDOW_FLOOR)?
+            .group(g)
+            .get(key)
+            .copied())
+    }
+
+    /// Raises the key's floor to `at` (the watermark has reached `at`).
+    fn raise_floor(&mut self, key: &K, at: i64) -> Result<()> {
+        if self.floor_of(key)?.is_some_and(|f| f >= at) {
+            return Ok(());
+        }
+        let g = self.store.group_index(key)?;
+        self.store
+            .table::<i64>(WINDOW_FLOOR)?
+            .key_mut(g, key)
+            .insert(key.clone(), at);
+        Ok(())
     }
 
     fn emit(
@@ -179,7 +214,8 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
             .filter(|w| w.intersects(&merged))
             .copied()
             .collect();
-        if absorbed.is_empty() && self.is_late(&own) {
+        let floor = self.floor_of(key)?;
+        if absorbed.is_empty() && self.is_late(&own, floor) {
             self.put_windows(key, windows)?;
             self.late.increment(1);
             out.push(WindowOutput::Late(record));
@@ -215,12 +251,13 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
         if self.spec.assigner.is_merging() {
             return self.add_merging(&key, record, ts, out);
         }
+        let floor = self.floor_of(&key)?;
         let assigned: Vec<Window> = self
             .spec
             .assigner
             .assign(ts)
             .into_iter()
-            .filter(|w| !self.is_late(w))
+            .filter(|w| !self.is_late(w, floor))
             .collect();
         if assigned.is_empty() {
             self.late.increment(1);
@@ -271,7 +308,13 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
             }
         }
         let lateness = self.spec.allowed_lateness;
+        let before = windows.len();
         windows.retain(|w, _| w.max_timestamp().saturating_add(lateness) > ts);
+        if windows.len() < before {
+            // the watermark (at least `ts`) makes every window ending at or before it late
+            let at = self.wm().max(ts);
+            self.raise_floor(key, at)?;
+        }
         self.put_windows(key, windows)
     }
 
