@@ -67,6 +67,10 @@ pub struct WindowOperator<K, T, F: WindowFunction<K, T>> {
     store: KeyedStateStore<K>,
     timers: TimerService<K>,
     watermark: Option<i64>,
+    /// The highest floor of any key (`None`: no key has one). While the watermark is at or
+    /// above it no floor makes a window late that the watermark does not, and the per-key
+    /// lookup is skipped: in a run without a restore to a lower watermark, always.
+    max_floor: Option<i64>,
     results: Vec<F::Out>,
     /// `onceflow_window_firings_total`: results emitted.
     firings: metrics::Counter,
@@ -92,6 +96,7 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
             store: store_for(info),
             timers: TimerService::new(),
             watermark: None,
+            max_floor: None,
             results: Vec::new(),
         })
     }
@@ -106,8 +111,18 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
         (self.watermark.is_some() && end <= self.wm()) || floor.is_some_and(|f| end <= f)
     }
 
-    /// The key's floor: the watermark its windows were last purged at, if ever.
+    /// The key's floor where it can make a window late: the watermark its windows were last
+    /// purged at, if that is above the current watermark.
     fn floor_of(&mut self, key: &K) -> Result<Option<i64>> {
+        match self.max_floor {
+            None => Ok(None),
+            Some(max) if self.watermark.is_some_and(|w| w >= max) => Ok(None),
+            Some(_) => self.stored_floor(key),
+        }
+    }
+
+    /// The key's floor as stored.
+    fn stored_floor(&mut self, key: &K) -> Result<Option<i64>> {
         let g = self.store.group_index(key)?;
         Ok(self
             .store
@@ -119,7 +134,8 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
 
     /// Raises the key's floor to `at` (the watermark has reached `at`).
     fn raise_floor(&mut self, key: &K, at: i64) -> Result<()> {
-        if self.floor_of(key)?.is_some_and(|f| f >= at) {
+        self.max_floor = Some(self.max_floor.map_or(at, |m| m.max(at)));
+        if self.stored_floor(key)?.is_some_and(|f| f >= at) {
             return Ok(());
         }
         let g = self.store.group_index(key)?;
@@ -331,6 +347,11 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> Operator<T, WindowOutput<K, F::Ou
         self.store.restore(state.key_groups)?;
         self.timers.restore(&mut self.store)?;
         self.watermark = restored_watermark(&state.operator_states);
+        let groups = self.store.range().len();
+        let floors = self.store.table::<i64>(WINDOW_FLOOR)?;
+        self.max_floor = (0..groups)
+            .flat_map(|g| floors.group(g).values().copied())
+            .max();
         Ok(())
     }
 
