@@ -352,10 +352,10 @@ fn a_frozen_instance_cannot_commit_after_its_session_expired() {
     );
 }
 
-/// A second process started under the name of a running instance waits for the session
-/// timeout (a killed incarnation's session would have expired by then), finds the running
-/// one still in the group and is refused with the reason; the running instance is not
-/// disturbed and the output stays exact.
+/// A second process started under the name of a running instance waits as long as a killed
+/// incarnation could stay in the group (three session timeouts plus the transaction timeout),
+/// finds the running one still there and is refused with the reason; the running instance
+/// is not disturbed and the output stays exact.
 #[test]
 fn a_second_process_with_a_running_instance_id_is_refused() {
     let _machine = exclusive();
@@ -364,6 +364,7 @@ fn a_second_process_with_a_running_instance_id_is_refused() {
     let mut base = JobArgs::new("transactional-offsets", dir.path());
     base.prefix = "scale-name".into();
     base.group = "scale-name".into();
+    base.transaction_timeout_ms = Some(8_000);
     base.extra_args.push("--input-partitioned-by-key".into());
     let (broker, data) = setup(dir.path(), &base, 3_000, seed(test));
     let data = data.partitioned_by_key();

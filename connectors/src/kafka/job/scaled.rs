@@ -333,7 +333,10 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             MemberConfig::new(brokers, s.group.clone(), topics, instance.to_string());
         member_cfg.session_timeout = s.session_timeout;
         member_cfg.client_properties = s.properties.clone();
-        crate::kafka::scale::wait_until_instance_is_free(&member_cfg)?;
+        // a dead incarnation leaves the group within three session timeouts and the others'
+        // revoke callbacks (each bounded by the transaction timeout)
+        let patience = s.session_timeout * 3 + s.timeout + Duration::from_secs(3);
+        crate::kafka::scale::wait_until_instance_is_free(&member_cfg, patience)?;
         let member =
             InstanceMember::start(&member_cfg, Arc::new(Listener(shared.clone())), &s.input)?;
         let first_wait = (s.session_timeout * 3).max(Duration::from_secs(60));

@@ -182,12 +182,17 @@ pub fn member_client_id(instance: &str) -> String {
     format!("onceflow-instance-{instance}")
 }
 
-/// Waits until no member of `config.group` carries `config.instance_id`, for at most the
-/// session timeout and 3 s more. A killed incarnation of the instance stays a member until its
-/// session expires, so a restart waits for that; a member still there afterwards is alive:
-/// another process started with the same `--instance-id`, which is refused (the two would
-/// write under one transactional id and fence each other's transactions). Blocking.
-pub fn wait_until_instance_is_free(config: &MemberConfig) -> Result<(), KafkaError> {
+/// Waits until no member of `config.group` carries `config.instance_id`, for at most
+/// `patience`. A killed incarnation of the instance stays a member until the group notices:
+/// its session expires, or, if it died with a JoinGroup parked at the coordinator, once the
+/// other members have rejoined (after their revoke callbacks) and it fails to sync; a restart
+/// waits for that. A member still there after `patience` is alive: another process started
+/// with the same `--instance-id`, which is refused (the two would write under one
+/// transactional id and fence each other's transactions). Blocking.
+pub fn wait_until_instance_is_free(
+    config: &MemberConfig,
+    patience: Duration,
+) -> Result<(), KafkaError> {
     let me = member_client_id(&config.instance_id);
     let consumer: BaseConsumer = config
         .client_properties
@@ -195,7 +200,6 @@ pub fn wait_until_instance_is_free(config: &MemberConfig) -> Result<(), KafkaErr
         .set("group.id", &config.group)
         .create()
         .map_err(|e| KafkaError::client("creating the group inspection client", e))?;
-    let limit = config.session_timeout + Duration::from_secs(3);
     let t0 = Instant::now();
     let mut said = false;
     loop {
@@ -212,12 +216,14 @@ pub fn wait_until_instance_is_free(config: &MemberConfig) -> Result<(), KafkaErr
         let Some(holder) = holder else {
             return Ok(());
         };
-        if t0.elapsed() >= limit {
+        if t0.elapsed() >= patience {
             return Err(KafkaError::Config(format!(
-                "instance `{}` is already running in group {} ({holder}, alive for the {} ms \
-                 session timeout): every instance of a job needs its own --instance-id",
+                "instance `{}` is already running in group {} ({holder}, still a member after \
+                 {} s, past the {} ms session timeout): every instance of a job needs its own \
+                 --instance-id",
                 config.instance_id,
                 config.group,
+                patience.as_secs(),
                 config.session_timeout.as_millis()
             )));
         }
