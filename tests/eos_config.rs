@@ -21,7 +21,7 @@ fn run(
     broker_flags: &[&str],
     interval_ms: u64,
     timeout_ms: u64,
-) -> (Proc, BrokerProcess, tempfile::TempDir) {
+) -> (Proc, BrokerProcess, ScenarioDir) {
     let dir = scenario_dir(test);
     bins();
     let broker = scenario_broker(dir.path(), broker_flags);

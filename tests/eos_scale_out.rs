@@ -195,7 +195,7 @@ fn owns_all(line: &str) -> bool {
 /// (produced paced on a thread), and instances `node-a` and `node-b` started, each owning
 /// some tasks.
 struct TwoInstances {
-    dir: tempfile::TempDir,
+    dir: onceflow_testkit::eos::ScenarioDir,
     base: JobArgs,
     broker: onceflow_testkit::broker_process::BrokerProcess,
     data: Dataset,

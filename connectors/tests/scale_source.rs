@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use onceflow_connectors::kafka::scale::{
-    GroupSourceReader, InstanceMember, MemberConfig, RebalanceListener, TopicPartition,
+    read_committed_offsets, GroupSourceReader, InstanceMember, MemberConfig, RebalanceListener,
+    TopicPartition,
 };
 use onceflow_connectors::kafka::{
     Decoder, DeliveryMode, KafkaMessage, KafkaSink, KafkaSinkConfig, KafkaSource, OffsetsLink,
@@ -201,5 +202,53 @@ async fn two_instances_read_only_their_assigned_partitions() {
     assert_eq!(seen, sent);
     drop(readers);
     drop((source_a, source_b, a, b));
+    broker.shutdown().await;
+}
+
+/// A dataflow that read records and ended without committing them (its transaction aborted)
+/// leaves the member's partitions past them; `rewind_to_committed` moves every owned
+/// partition back to the group's committed offset, so the next dataflow of the instance reads
+/// them again instead of going on after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_reads_again_what_an_uncommitted_dataflow_read() {
+    let broker = start_broker(PARTITIONS).await;
+    let brokers = broker.bootstrap_servers();
+    let sent = input(&brokers);
+    let inst = member(&brokers, "scale-rewind", "node-a");
+    wait_owned(&[&inst], PARTITIONS as usize);
+
+    let source = KafkaSource::new(brokers.clone(), INPUT, Decoder::raw()).in_group(inst.clone());
+    let mut first = vec![source.create(&subtask_info(0, 1, 0)).expect("subtask")];
+    let got = read_all(&mut first, RECORDS).await;
+    assert_eq!(got[0].len(), RECORDS);
+    // the dataflow ends without a commit
+    drop(first);
+    drop(source);
+
+    let reader: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", "scale-rewind")
+        .create()
+        .expect("offsets reader");
+    let owned: Vec<TopicPartition> = inst.member().owned().into_iter().collect();
+    let committed =
+        read_committed_offsets(&reader, &owned, Duration::from_secs(30)).expect("committed");
+    assert_eq!(committed.len(), PARTITIONS as usize);
+    assert!(
+        committed.values().all(Option::is_none),
+        "nothing was committed: {committed:?}"
+    );
+    inst.member()
+        .rewind(&committed, Duration::from_secs(30))
+        .expect("rewind");
+    let source = KafkaSource::new(brokers.clone(), INPUT, Decoder::raw()).in_group(inst.clone());
+    let mut second = vec![source.create(&subtask_info(0, 1, 0)).expect("subtask")];
+    let again = read_all(&mut second, RECORDS).await;
+    let seen: BTreeSet<String> = again[0].iter().map(payload).collect();
+    assert_eq!(again[0].len(), RECORDS, "each record read once more");
+    assert_eq!(seen, sent, "the uncommitted records are read again");
+    drop(second);
+    drop(source);
+    drop(inst);
     broker.shutdown().await;
 }

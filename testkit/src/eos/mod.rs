@@ -49,18 +49,46 @@ pub fn seed(test: &str) -> u64 {
 }
 
 /// A temp dir for one scenario; kept on disk when `ONCEFLOW_EOS_KEEP` is set.
-pub fn scenario_dir(test: &str) -> tempfile::TempDir {
+pub fn scenario_dir(test: &str) -> ScenarioDir {
     let dir = tempfile::Builder::new()
         .prefix(&format!("onceflow-{test}-"))
         .tempdir()
         .expect("tempdir");
     eprintln!("[eos] {test}: logs in {}", dir.path().display());
-    dir
+    ScenarioDir(Some(dir))
+}
+
+/// A scenario's directory (broker data, job logs): deleted when the test passes
+/// ([`finish_dir`]), kept when it panics, so a failure's logs can be read afterwards.
+pub struct ScenarioDir(Option<tempfile::TempDir>);
+
+impl ScenarioDir {
+    /// The directory.
+    pub fn path(&self) -> &std::path::Path {
+        self.0
+            .as_ref()
+            .map_or(std::path::Path::new("."), |d| d.path())
+    }
+}
+
+impl Drop for ScenarioDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(dir) = self.0.take() {
+                eprintln!(
+                    "[eos] kept the failed scenario's logs in {}",
+                    dir.keep().display()
+                );
+            }
+        }
+    }
 }
 
 /// Keeps `dir` on disk if `ONCEFLOW_EOS_KEEP` is set.
-pub fn finish_dir(dir: tempfile::TempDir) {
+pub fn finish_dir(mut dir: ScenarioDir) {
     if std::env::var_os("ONCEFLOW_EOS_KEEP").is_some() {
-        let _ = dir.keep();
+        if let Some(d) = dir.0.take() {
+            let _ = d.keep();
+        }
     }
 }

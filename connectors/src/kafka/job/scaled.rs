@@ -29,9 +29,9 @@ use super::outputs::{Exchange, KafkaOutputs, Progress};
 use super::watcher::spawn_watcher;
 use super::{failpoint, instance, permissions, say, startup, JobSummary, KafkaJob};
 use crate::kafka::scale::{
-    ensure_changelog_topics, ensure_repartition_topics, ChangelogTopic, InstanceMember,
-    MemberConfig, RebalanceListener, Repartition, RepartitionPurger, RepartitionTopic,
-    StateChangelog, TopicPartition,
+    ensure_changelog_topics, ensure_repartition_topics, read_committed_offsets, ChangelogTopic,
+    InstanceMember, MemberConfig, RebalanceListener, Repartition, RepartitionPurger,
+    RepartitionTopic, StateChangelog, TopicPartition,
 };
 use crate::kafka::{
     Decoder, KafkaError, KafkaSinkConfig, KafkaSource, OffsetsLink, PrefixClaim, Result,
@@ -355,6 +355,16 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             std::thread::sleep(Duration::from_millis(20));
         }
 
+        // reads the group's committed offsets when a failed dataflow's partitions are rewound
+        let offsets_reader: rdkafka::consumer::BaseConsumer = s
+            .properties
+            .client_config(brokers)
+            .set("group.id", &s.group)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .map_err(|e| KafkaError::client("creating the committed offsets reader", e))?;
+        let mut rewind = false;
         let mut totals = JobSummary::default();
         let mut changelog_ready = false;
         let mut failures = 0u32;
@@ -369,6 +379,37 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 pause_from = pause_from.or(slot.changed.take());
             }
             let assignment = member.pin_assignment();
+            if rewind {
+                // a failed dataflow read records its aborted transaction did not commit: the
+                // partitions this instance kept would go on after them, so the next dataflow
+                // starts at the group's committed offsets
+                let mut pinned: Vec<TopicPartition> = Vec::new();
+                for topic in
+                    std::iter::once(&s.input).chain(repartition_topics.iter().map(|t| &t.name))
+                {
+                    pinned.extend(member.owned_as_built(topic).into_keys().map(|partition| {
+                        TopicPartition {
+                            topic: topic.clone(),
+                            partition,
+                        }
+                    }));
+                }
+                let rewound =
+                    read_committed_offsets(&offsets_reader, &pinned, Duration::from_secs(30))
+                        .and_then(|committed| {
+                            member.member().rewind(&committed, Duration::from_secs(30))
+                        });
+                if let Err(e) = rewound {
+                    failures += 10;
+                    if failures >= MAX_FAILURES * 10 {
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %e, "rewinding to the committed offsets failed; trying again");
+                    std::thread::sleep(Duration::from_millis(500));
+                    continue;
+                }
+                rewind = false;
+            }
             let owned: BTreeMap<i32, u64> = member.owned_as_built(&s.input);
             let tasks: Vec<i32> = owned.keys().copied().collect();
             let mut line = format!(
@@ -530,6 +571,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                     // fails aborts its transaction: the next dataflow starts from what the
                     // group committed
                     reason = "failure";
+                    rewind = true;
                     tracing::warn!(error = %e, failures, "dataflow failed; rebuilding it from the group's committed offsets and the changelog");
                     say(format!(
                         "instance {instance}: dataflow failed ({e}); rebuilding it"

@@ -241,6 +241,52 @@ pub fn wait_until_instance_is_free(
     }
 }
 
+/// The group's committed offsets of `partitions`, read by `reader` (a client of the group
+/// that is not a member, so the read does not wait for the member's rebalances): `None` for a
+/// partition the group committed nothing for. An offset still pending in an aborting
+/// transaction is asked again until `timeout`. Blocking.
+pub fn read_committed_offsets(
+    reader: &BaseConsumer,
+    partitions: &[TopicPartition],
+    timeout: Duration,
+) -> Result<BTreeMap<TopicPartition, Option<i64>>, KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = reader
+            .committed_offsets(tpl(partitions), timeout)
+            .map_err(|e| KafkaError::client("reading the group's committed offsets", e))?;
+        let mut out = BTreeMap::new();
+        let mut failed = None;
+        for e in got.elements() {
+            if let Err(err) = e.error() {
+                failed = Some(format!("{}-{}: {err}", e.topic(), e.partition()));
+                break;
+            }
+            let at = match e.offset() {
+                rdkafka::Offset::Offset(o) => Some(o),
+                _ => None,
+            };
+            out.insert(
+                TopicPartition {
+                    topic: e.topic().to_string(),
+                    partition: e.partition(),
+                },
+                at,
+            );
+        }
+        match failed {
+            None => return Ok(out),
+            Some(why) if Instant::now() >= deadline => {
+                return Err(KafkaError::Protocol(format!(
+                    "the group's committed offset of {why} could not be read within {} s",
+                    timeout.as_secs()
+                )))
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
 /// One instance's membership of the job's consumer group, and its read_committed consumer.
 pub struct GroupMember {
     consumer: Arc<BaseConsumer<MemberContext>>,
@@ -349,6 +395,31 @@ impl GroupMember {
     /// transaction (KIP-447: a zombie's stale generation is refused).
     pub fn group_metadata(&self) -> Option<ConsumerGroupMetadata> {
         self.consumer.group_metadata()
+    }
+
+    /// Moves each of `partitions` (owned by this member) back to `committed`, the group's
+    /// committed offsets of them as [`read_committed_offsets`] returns them (`None`: the
+    /// group committed none, start from the log start): records a dataflow read past them
+    /// and whose transaction did not commit are read again by the next dataflow. Without
+    /// this, a partition the instance keeps across a failed dataflow would continue from
+    /// where the failed dataflow stopped reading, and the records of its aborted transaction
+    /// would never be processed.
+    pub fn rewind(
+        &self,
+        committed: &BTreeMap<TopicPartition, Option<i64>>,
+        timeout: Duration,
+    ) -> Result<(), KafkaError> {
+        for (tp, at) in committed {
+            let to = at.map_or(rdkafka::Offset::Beginning, rdkafka::Offset::Offset);
+            self.consumer
+                .seek(&tp.topic, tp.partition, to, timeout)
+                .map_err(|e| KafkaError::client(format!("rewinding {tp} to {to:?}"), e))?;
+        }
+        tracing::info!(
+            partitions = committed.len(),
+            "rewound partitions to the group's committed offsets"
+        );
+        Ok(())
     }
 
     /// Stops fetching `partitions` (e.g. until their state is restored).
