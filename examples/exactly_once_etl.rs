@@ -9,6 +9,11 @@
 //! 0). The start-up protocol, the flags and the stdout lines are the library's
 //! ([`onceflow::job`], docs/JOBS.md); this file holds the business logic and the demo input.
 
+/// Records are allocated and freed on different threads: mimalloc (`onceflow::JobAllocator`)
+/// takes about a third less CPU per record than the system allocator here.
+#[global_allocator]
+static ALLOC: onceflow::JobAllocator = onceflow::JobAllocator;
+
 use std::collections::HashSet;
 
 use clap::Parser;

@@ -9,6 +9,14 @@ pub use onceflow_connectors as connectors;
 pub use onceflow_operators as operators;
 pub use onceflow_runtime as runtime;
 
+/// The allocator onceflow's example jobs use and the one to give a job binary:
+/// `#[global_allocator] static ALLOC: onceflow::JobAllocator = onceflow::JobAllocator;`
+/// (mimalloc). A job allocates each record on one thread and frees it on another (source,
+/// operators, sink); with glibc's allocator the example job spent about a quarter of its CPU
+/// in malloc and free, and with this one it takes about a third less CPU per record
+/// (`docs/BENCHMARKS.md`, "Job allocator").
+pub use mimalloc::MiMalloc as JobAllocator;
+
 /// The Kafka job builder: start-up checks, takeover, restore, standard flags, exit codes.
 pub use onceflow_connectors::kafka::job;
 
