@@ -12,7 +12,9 @@
 //!
 //! Every dataflow starts with a new instance producer (`init_transactions` of
 //! `{prefix}-{instance}-offsets` aborts whatever the previous one left open) and keyed state
-//! from the changelog only: the local checkpoint directory is not restored from.
+//! from the changelog: the runtime's checkpoints in the local directory are not restored
+//! from, but its `changelog-cache` keeps each task's state and changelog position
+//! ([`ChangelogCache`]), so that a restore on this machine reads only the changelog's tail.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,9 +31,9 @@ use super::outputs::{Exchange, KafkaOutputs, Progress};
 use super::watcher::spawn_watcher;
 use super::{failpoint, instance, permissions, say, startup, JobSummary, KafkaJob};
 use crate::kafka::scale::{
-    ensure_changelog_topics, ensure_repartition_topics, read_committed_offsets, ChangelogTopic,
-    InstanceMember, MemberConfig, RebalanceListener, Repartition, RepartitionPurger,
-    RepartitionTopic, StateChangelog, TopicPartition,
+    ensure_changelog_topics, ensure_repartition_topics, read_committed_offsets, ChangelogCache,
+    ChangelogTopic, InstanceMember, MemberConfig, RebalanceListener, Repartition,
+    RepartitionPurger, RepartitionTopic, StateChangelog, TopicPartition,
 };
 use crate::kafka::{
     Decoder, KafkaError, KafkaSinkConfig, KafkaSource, OffsetsLink, PrefixClaim, Result,
@@ -42,6 +44,9 @@ use crate::kafka::{
 pub const REBALANCE_PAUSE_SECONDS: &str = "onceflow_rebalance_pause_seconds";
 /// Counter: dataflows an instance built, label `reason` (`start`, `rebalance`, `failure`).
 pub const DATAFLOWS: &str = "onceflow_scale_dataflows_total";
+
+/// The local changelog cache's directory in the instance's checkpoint directory.
+const CACHE_DIR: &str = "changelog-cache";
 
 /// Consecutive failed dataflows after which the instance gives up (50 refused by the group
 /// count as 5 others).
@@ -505,13 +510,18 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 helper.block_on(ensure_changelog_topics(brokers, &s.properties, &topics, -1))?;
                 changelog_ready = true;
             }
-            env.set_state_changelog(Arc::new(
-                StateChangelog::new(link.clone(), topics).restoring_from(
-                    brokers.to_string(),
-                    s.properties.clone(),
-                    member.clone(),
-                ),
-            ));
+            let mut changelog = StateChangelog::new(link.clone(), topics).restoring_from(
+                brokers.to_string(),
+                s.properties.clone(),
+                member.clone(),
+            );
+            match ChangelogCache::open(checkpoint_dir.join(CACHE_DIR)) {
+                Ok(cache) => changelog = changelog.with_cache(Arc::new(cache)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no local changelog cache: every restore reads whole changelog partitions")
+                }
+            }
+            env.set_state_changelog(Arc::new(changelog));
 
             {
                 let mut slot = shared.slot();

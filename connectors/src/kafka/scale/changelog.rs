@@ -10,8 +10,11 @@
 //! topic when the operator reads one, else the input topic.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use onceflow_runtime::keygroup::KeyGroupRange;
 use onceflow_runtime::state::{changelog_key, ChangelogWriter, KeyGroupSnapshot, StateChange};
@@ -21,6 +24,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 use serde::de::DeserializeOwned;
 
+use super::cache::{CachedTask, ChangelogCache, RESTORE_CACHED_RECORDS};
 use super::key::{task_of, KafkaKey};
 use super::queues::InstanceMember;
 use crate::kafka::sink::OffsetsLink;
@@ -163,6 +167,23 @@ pub struct StateChangelog {
     link: OffsetsLink,
     topics: BTreeMap<String, ChangelogTopic>,
     restore: Option<RestoreFrom>,
+    cache: Option<Arc<ChangelogCache>>,
+    /// Each keyed operator's restored state, read once for all its subtasks and dropped when
+    /// every key group took its part.
+    restored: Mutex<BTreeMap<String, RestoreSlot>>,
+    from_changelog: AtomicU64,
+    from_cache: AtomicU64,
+}
+
+/// Where the first subtask of an operator leaves its restored state for the others.
+type RestoreSlot = Arc<Mutex<Option<Arc<OperatorRestore>>>>;
+
+/// One keyed operator's restored state, as changes (one per live key), shared by its
+/// subtasks.
+struct OperatorRestore {
+    changes: Vec<StateChange>,
+    /// Key groups whose subtask has not taken its part yet.
+    groups_left: AtomicUsize,
 }
 
 /// Where a [`StateChangelog`] restores from: the changelog partitions of the tasks the
@@ -184,14 +205,159 @@ impl StateChangelog {
                 .map(|t| (t.node_uid.clone(), t))
                 .collect(),
             restore: None,
+            cache: None,
+            restored: Mutex::new(BTreeMap::new()),
+            from_changelog: AtomicU64::new(0),
+            from_cache: AtomicU64::new(0),
         }
+    }
+
+    /// Keeps each restored task's state in `cache` (the instance's local cache) and appends
+    /// every committed transaction's changelog records to it, so that a later restore of the
+    /// task on this machine reads only the changelog's tail. A task whose cache file is
+    /// missing, damaged or out of the partition's offsets is read from the beginning.
+    pub fn with_cache(mut self, cache: Arc<ChangelogCache>) -> Self {
+        self.link.cache_changelog(cache.clone());
+        self.cache = Some(cache);
+        self
+    }
+
+    /// Changelog records the restores of this writer read from Kafka, and records they took
+    /// from the local cache.
+    pub fn restored_records(&self) -> (u64, u64) {
+        (
+            self.from_changelog.load(Ordering::Relaxed),
+            self.from_cache.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Operator `node_uid`'s restored state: read by the first of its subtasks to ask,
+    /// shared with the others.
+    fn operator_restore(
+        &self,
+        from: &RestoreFrom,
+        topic: &ChangelogTopic,
+        node_uid: &str,
+        max_parallelism: usize,
+    ) -> crate::kafka::Result<Arc<OperatorRestore>> {
+        let slot = self
+            .restored
+            .lock()
+            .entry(node_uid.to_string())
+            .or_default()
+            .clone();
+        let mut slot = slot.lock();
+        if let Some(r) = slot.as_ref() {
+            return Ok(r.clone());
+        }
+        let r = Arc::new(self.read_operator(from, topic, node_uid, max_parallelism)?);
+        *slot = Some(r.clone());
+        Ok(r)
+    }
+
+    /// Reads operator `node_uid`'s owned tasks from the cache and the changelog, and writes
+    /// their folds back to the cache.
+    fn read_operator(
+        &self,
+        from: &RestoreFrom,
+        topic: &ChangelogTopic,
+        node_uid: &str,
+        max_parallelism: usize,
+    ) -> crate::kafka::Result<OperatorRestore> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+
+        let started = std::time::Instant::now();
+        let task_topic = topic.task_topic().unwrap_or(from.member.topic());
+        let tasks: Vec<i32> = from.member.owned_as_built(task_topic).into_keys().collect();
+        let consumer: BaseConsumer = from
+            .properties
+            .client_config(&from.brokers)
+            .set("group.id", format!("{}-restore", topic.topic))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .map_err(|e| KafkaError::client("creating the changelog restore consumer", e))?;
+        let mut starts = Vec::with_capacity(tasks.len());
+        for &partition in &tasks {
+            let cached = self
+                .cache
+                .as_ref()
+                .and_then(|c| c.load(&topic.topic, partition))
+                .and_then(|c| {
+                    // a position outside the partition: the topic is not the one the cache
+                    // was written from (deleted and created again), or it lost its start
+                    match consumer.fetch_watermarks(&topic.topic, partition, ADMIN_TIMEOUT) {
+                        Ok((low, high)) if low <= c.position && c.position <= high => Some(c),
+                        Ok((low, high)) => {
+                            tracing::warn!(topic = %topic.topic, partition, position = c.position, low, high, "changelog cache position outside the partition; restoring from the beginning");
+                            None
+                        }
+                        Err(e) => {
+                            tracing::warn!(topic = %topic.topic, partition, error = %e, "changelog offsets unknown; restoring from the beginning");
+                            None
+                        }
+                    }
+                });
+            starts.push(TaskStart { partition, cached });
+        }
+        let folds = read_changelog(&consumer, &topic.topic, node_uid, starts)?;
+        let (mut read, mut cached) = (0u64, 0u64);
+        let mut changes = Vec::new();
+        for (partition, fold) in &folds {
+            read += fold.from_changelog;
+            cached += fold.from_cache;
+            if let Some(cache) = &self.cache {
+                let entries = fold
+                    .entries
+                    .iter()
+                    .map(|(k, v)| (k.as_slice(), v.as_slice()));
+                if let Err(e) = cache.rewrite(&topic.topic, *partition, entries, fold.end) {
+                    tracing::warn!(topic = %topic.topic, partition, error = %e, "cannot write the changelog cache; the next restore reads the whole partition");
+                }
+            }
+            for (k, v) in &fold.entries {
+                let (_, change) =
+                    onceflow_runtime::state::change_from_record(k, Some(v), max_parallelism)
+                        .map_err(|e| {
+                            KafkaError::Protocol(format!(
+                                "changelog {}-{partition}: {e}",
+                                topic.topic
+                            ))
+                        })?;
+                changes.push(change);
+            }
+        }
+        self.from_changelog.fetch_add(read, Ordering::Relaxed);
+        self.from_cache.fetch_add(cached, Ordering::Relaxed);
+        metrics::histogram!(RESTORE_SECONDS, "topic" => topic.topic.clone())
+            .record(started.elapsed().as_secs_f64());
+        tracing::info!(
+            operator = node_uid,
+            topic = %topic.topic,
+            task_topic,
+            tasks = ?tasks,
+            from_changelog = read,
+            from_cache = cached,
+            keys = changes.len(),
+            seconds = started.elapsed().as_secs_f64(),
+            "keyed state restored"
+        );
+        Ok(OperatorRestore {
+            changes,
+            groups_left: AtomicUsize::new(max_parallelism),
+        })
     }
 
     /// Restores every keyed operator subtask from its changelog when the dataflow is set up:
     /// the partitions of the tasks `member` owns then (a task is a partition of the topic
     /// feeding the operator: [`ChangelogTopic::fed_by`], else the input topic), read
-    /// read_committed from the beginning to their end and folded, last change per key
-    /// winning. Build the dataflow after the member received its assignment.
+    /// read_committed to their end and folded, last change per key winning: from the
+    /// beginning, or over the task's state in the local cache from its position
+    /// ([`StateChangelog::with_cache`]). The first subtask of an operator to be set up reads
+    /// its tasks for all of them. Build the dataflow after the member received its
+    /// assignment.
     pub fn restoring_from(
         mut self,
         brokers: impl Into<String>,
@@ -207,52 +373,82 @@ impl StateChangelog {
     }
 }
 
-/// Reads `partitions` of `topic` read_committed from the beginning to their end (the last
-/// stable offset), returning the changes of operator `node_uid` in log order per partition.
+/// Where the restore of one task starts: its cached state and the offset to read from, or
+/// the partition's beginning.
+struct TaskStart {
+    partition: i32,
+    cached: Option<CachedTask>,
+}
+
+/// The tasks' state after a restore: the fold of each partition (record key to value) and
+/// the offset its read ended at.
+struct TaskFold {
+    entries: BTreeMap<Vec<u8>, Vec<u8>>,
+    end: i64,
+    from_cache: u64,
+    from_changelog: u64,
+}
+
+/// Reads each task's partition of `topic` read_committed from its start (the cached
+/// position, or the beginning) to its end (the last stable offset) and folds it over the
+/// cached state, last change per key winning; records of operators other than `node_uid`
+/// are skipped.
 fn read_changelog(
-    from: &RestoreFrom,
+    consumer: &rdkafka::consumer::BaseConsumer,
     topic: &str,
     node_uid: &str,
-    partitions: &[i32],
-    max_parallelism: usize,
-) -> crate::kafka::Result<Vec<StateChange>> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
+    starts: Vec<TaskStart>,
+) -> crate::kafka::Result<BTreeMap<i32, TaskFold>> {
+    use rdkafka::consumer::Consumer;
     use rdkafka::message::Message;
     use rdkafka::{Offset, TopicPartitionList};
 
-    if partitions.is_empty() {
-        return Ok(Vec::new());
+    let mut folds: BTreeMap<i32, TaskFold> = BTreeMap::new();
+    if starts.is_empty() {
+        return Ok(folds);
     }
-    let consumer: BaseConsumer = from
-        .properties
-        .client_config(&from.brokers)
-        .set("group.id", format!("{topic}-restore"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .create()
-        .map_err(|e| KafkaError::client("creating the changelog restore consumer", e))?;
     let mut tpl = TopicPartitionList::new();
-    for p in partitions {
-        tpl.add_partition_offset(topic, *p, Offset::Beginning)
+    for s in starts {
+        let (offset, fold) = match s.cached {
+            Some(c) => (
+                Offset::Offset(c.position),
+                TaskFold {
+                    from_cache: c.entries.len() as u64,
+                    entries: c.entries,
+                    end: c.position,
+                    from_changelog: 0,
+                },
+            ),
+            None => (
+                Offset::Beginning,
+                TaskFold {
+                    entries: BTreeMap::new(),
+                    end: 0,
+                    from_cache: 0,
+                    from_changelog: 0,
+                },
+            ),
+        };
+        tpl.add_partition_offset(topic, s.partition, offset)
             .map_err(|e| KafkaError::client("building the restore assignment", e))?;
+        folds.insert(s.partition, fold);
     }
     consumer
         .assign(&tpl)
         .map_err(|e| KafkaError::client(format!("assigning {topic} for restore"), e))?;
     let mut at_end = std::collections::BTreeSet::new();
-    let mut changes = Vec::new();
-    let mut per_task: BTreeMap<i32, u64> = BTreeMap::new();
     let mut last_progress = std::time::Instant::now();
-    while at_end.len() < partitions.len() {
+    let prefix = onceflow_runtime::state::format::encode(&node_uid)
+        .map_err(|e| KafkaError::Protocol(format!("encoding the operator uid: {e}")))?;
+    while at_end.len() < folds.len() {
         match consumer.poll(Duration::from_millis(100)) {
             None => {
                 if last_progress.elapsed() > RESTORE_SILENCE {
                     return Err(KafkaError::Protocol(format!(
                         "restoring from {topic}: nothing arrived for {RESTORE_SILENCE:?} before \
                          the end of partitions {:?}",
-                        partitions
-                            .iter()
+                        folds
+                            .keys()
                             .filter(|p| !at_end.contains(*p))
                             .collect::<Vec<_>>()
                     )));
@@ -268,9 +464,16 @@ fn read_changelog(
             Some(Ok(m)) => {
                 last_progress = std::time::Instant::now();
                 at_end.remove(&m.partition());
+                let Some(fold) = folds.get_mut(&m.partition()) else {
+                    continue;
+                };
+                fold.end = fold.end.max(m.offset() + 1);
                 let Some(key) = m.key() else { continue };
-                let (uid, change) =
-                    onceflow_runtime::state::change_from_record(key, m.payload(), max_parallelism)
+                // a record key is `bincode((uid, table, key))`: this operator's start with the
+                // encoded uid (its length first, so no other uid is a prefix of it); others
+                // are decoded, so that a malformed one is an error
+                if !key.starts_with(&prefix) {
+                    let (uid, _) = onceflow_runtime::state::change_from_record(key, None, 1)
                         .map_err(|e| {
                             KafkaError::Protocol(format!(
                                 "changelog {topic}-{} offset {}: {e}",
@@ -278,17 +481,37 @@ fn read_changelog(
                                 m.offset()
                             ))
                         })?;
-                if uid == node_uid {
-                    *per_task.entry(m.partition()).or_default() += 1;
-                    changes.push(change);
+                    if uid != node_uid {
+                        continue;
+                    }
+                }
+                fold.from_changelog += 1;
+                match m.payload() {
+                    Some(v) => {
+                        fold.entries.insert(key.to_vec(), v.to_vec());
+                    }
+                    None => {
+                        fold.entries.remove(key);
+                    }
                 }
             }
         }
     }
-    for (task, n) in per_task {
-        metrics::counter!(RESTORE_RECORDS, "task" => format!("{topic}-{task}")).increment(n);
+    // where each read ended: the consumer's position at the partition's end (past control
+    // records and aborted transactions the read skipped)
+    if let Ok(positions) = consumer.position() {
+        for e in positions.elements_for_topic(topic) {
+            if let (Some(fold), Offset::Offset(o)) = (folds.get_mut(&e.partition()), e.offset()) {
+                fold.end = fold.end.max(o);
+            }
+        }
     }
-    Ok(changes)
+    for (task, fold) in &folds {
+        let task = format!("{topic}-{task}");
+        metrics::counter!(RESTORE_RECORDS, "task" => task.clone()).increment(fold.from_changelog);
+        metrics::counter!(RESTORE_CACHED_RECORDS, "task" => task).increment(fold.from_cache);
+    }
+    Ok(folds)
 }
 
 impl ChangelogWriter for StateChangelog {
@@ -334,25 +557,19 @@ impl ChangelogWriter for StateChangelog {
         let (Some(from), Some(topic)) = (&self.restore, self.topics.get(node_uid)) else {
             return Ok(None);
         };
-        let started = std::time::Instant::now();
-        let task_topic = topic.task_topic().unwrap_or(from.member.topic());
-        let tasks: Vec<i32> = from.member.owned_as_built(task_topic).into_keys().collect();
-        let changes = read_changelog(from, &topic.topic, node_uid, &tasks, max_parallelism)?;
-        let records = changes.len();
+        let restored = self.operator_restore(from, topic, node_uid, max_parallelism)?;
         let groups: Vec<KeyGroupSnapshot> = onceflow_runtime::state::snapshots_from_changes(
-            changes.into_iter().filter(|c| range.contains(c.key_group)),
+            restored
+                .changes
+                .iter()
+                .filter(|c| range.contains(c.key_group))
+                .cloned(),
         )?;
-        metrics::histogram!(RESTORE_SECONDS, "topic" => topic.topic.clone())
-            .record(started.elapsed().as_secs_f64());
-        tracing::info!(
-            operator = node_uid,
-            topic = %topic.topic,
-            task_topic,
-            tasks = ?tasks,
-            records,
-            key_groups = groups.len(),
-            "keyed state restored from the changelog"
-        );
+        // the last subtask to take its part frees the operator's restored state
+        let taken = range.len().min(max_parallelism);
+        if restored.groups_left.fetch_sub(taken, Ordering::AcqRel) <= taken {
+            self.restored.lock().remove(node_uid);
+        }
         Ok(Some(groups))
     }
 }

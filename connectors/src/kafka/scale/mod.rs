@@ -4,6 +4,7 @@
 //! partitions the group gives the instance, the changelog topics of its keyed state, and the
 //! repartition topics that carry a keyed exchange between instances.
 
+mod cache;
 mod changelog;
 mod key;
 pub mod member;
@@ -11,6 +12,7 @@ mod queues;
 mod repartition;
 mod source;
 
+pub use cache::{CachedTask, ChangelogCache, RESTORE_CACHED_RECORDS};
 pub use changelog::{
     changelog_topic_name, ensure_changelog_topics, ChangelogRecord, ChangelogTopic, RoutedRecord,
     StateChangelog, CHANGELOG_BYTES_PER_COMMIT, CHANGELOG_RECORDS, RESTORE_RECORDS,

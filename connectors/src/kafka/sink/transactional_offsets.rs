@@ -31,7 +31,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::super::config::KafkaSinkConfig;
 use super::super::scale::{
-    ChangelogRecord, GroupMember, RoutedRecord, CHANGELOG_BYTES_PER_COMMIT, CHANGELOG_RECORDS,
+    ChangelogCache, ChangelogRecord, GroupMember, RoutedRecord, CHANGELOG_BYTES_PER_COMMIT,
+    CHANGELOG_RECORDS,
 };
 use super::super::source::KafkaPosition;
 use super::super::{metrics as m, KafkaError};
@@ -55,6 +56,8 @@ struct LinkState {
     /// Changelog records per checkpoint whose barrier released them, until that checkpoint
     /// (or a later one) commits.
     changelog: BTreeMap<CheckpointId, Vec<ChangelogRecord>>,
+    /// The instance's local changelog cache: told each commit's changelog records.
+    changelog_cache: Option<Arc<ChangelogCache>>,
     positions: BTreeMap<CheckpointId, BTreeMap<SubtaskKey, KafkaPosition>>,
     /// When the first source subtask reached each barrier.
     barrier_at: BTreeMap<CheckpointId, Instant>,
@@ -166,6 +169,12 @@ impl OffsetsLink {
             .entry(checkpoint)
             .or_default()
             .extend(records);
+    }
+
+    /// Hands the changelog records of every commit, once it committed, to `cache` (before
+    /// the next transaction writes changelog records).
+    pub fn cache_changelog(&self, cache: Arc<ChangelogCache>) {
+        self.0.state.lock().changelog_cache = Some(cache);
     }
 
     /// Takes the changelog records of every checkpoint up to `checkpoint`, oldest first.
@@ -449,6 +458,21 @@ impl OffsetsWriter {
         if !changelog.is_empty() {
             metrics::counter!(CHANGELOG_RECORDS).increment(changelog.len() as u64);
             metrics::histogram!(CHANGELOG_BYTES_PER_COMMIT).record(changelog_bytes as f64);
+            let cache = self.link.0.state.lock().changelog_cache.clone();
+            if let Some(cache) = cache {
+                // under the instance lock: no changelog record of the next transaction is
+                // sent before the cache read the partitions' high watermarks
+                let p = inst.producer.clone();
+                blocking(move || {
+                    cache.committed(&changelog, &|topic: &str, partition: i32| {
+                        p.client()
+                            .fetch_watermarks(topic, partition, Duration::from_secs(5))
+                            .map(|(_, high)| high)
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .await?;
+            }
         }
         inst.committed = checkpoint;
         inst.records_in_txn = 0;
