@@ -9,11 +9,15 @@
 //! 2. the pause of the moved tasks after a SIGKILL: from the kill to the first new output
 //!    record of a task the killed instance owned (the session timeout is most of it);
 //! 3. changelog restore speed: records and seconds the survivor spent restoring the moved
-//!    tasks (from its Prometheus endpoint).
+//!    tasks (from its Prometheus endpoint);
+//! 4. a restart of one instance after a graceful stop, on an input of many keys: the restore
+//!    with its local changelog cache, then without it (the cache directory deleted): records
+//!    read from the changelog and taken from the cache, and the restore's seconds.
 //!
 //! ```sh
 //! cargo bench --bench scale_out                     # 200k records per row
 //! ONCEFLOW_SCALE_RECORDS=50000 cargo bench --bench scale_out
+//! ONCEFLOW_SCALE_KEYS=100000 cargo bench --bench scale_out   # keys of the restart rows (50000)
 //! ```
 //!
 //! Every row checks the output record by record (every id once, every key's last total the
@@ -298,12 +302,63 @@ fn kill_row(n: u64) -> Moved {
     }
 }
 
+struct Restart {
+    what: &'static str,
+    from_changelog: f64,
+    from_cache: f64,
+    restore_s: f64,
+}
+
+/// One instance processes `n` records over `keys` keys and stops; it is started again twice,
+/// with its changelog cache and with the cache deleted, and each restore is measured.
+fn restart_rows(n: u64, keys: u32) -> (Vec<Restart>, bool) {
+    let dir = scenario_dir("bench_scale_restart");
+    let base = base_args(dir.path(), "restart");
+    let bootstrap;
+    let broker = {
+        let (broker, _) = setup(dir.path(), &base, 0, 13);
+        bootstrap = broker.bootstrap().to_string();
+        broker
+    };
+    let data = Dataset::generate_keys(n, keys, 13).partitioned_by_key();
+    let port = free_port();
+    let args = instance_args(&base, dir.path(), "node-a", port);
+    let mut a = spawn_job(&bootstrap, &args, "a");
+    produce_all(&bootstrap, &base.input, &data);
+    let _ = wait_complete(&bootstrap, &base, &data, Duration::from_secs(900));
+    a.stop_gracefully(Duration::from_secs(60));
+    let exact = check_output(&bootstrap, &base, &data).is_exact();
+    let mut rows = Vec::new();
+    for (what, keep_cache) in [("local cache", true), ("changelog only", false)] {
+        if !keep_cache {
+            let _ = std::fs::remove_dir_all(args.checkpoint_dir.join("changelog-cache"));
+        }
+        let port = free_port();
+        let args = instance_args(&base, dir.path(), "node-a", port);
+        let mut a = spawn_job(&bootstrap, &args, "a");
+        // the restore ends before the dataflow's first checkpoint
+        let _ = a.wait_line(Duration::from_secs(300), |l| l.ends_with("complete"));
+        rows.push(Restart {
+            what,
+            from_changelog: scrape(port, "onceflow_restore_records_total"),
+            from_cache: scrape(port, "onceflow_restore_cached_records_total"),
+            restore_s: scrape(port, "onceflow_restore_seconds_sum"),
+        });
+        a.stop_gracefully(Duration::from_secs(60));
+    }
+    drop(broker);
+    finish_dir(dir);
+    (rows, exact)
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is read from the command line
     let n = env_u64("ONCEFLOW_SCALE_RECORDS", 200_000);
     bins();
     let rows: Vec<Row> = [1, 2, 3].iter().map(|k| throughput_row(*k, n)).collect();
     let moved = kill_row((n / 4).max(20_000));
+    let keys = env_u64("ONCEFLOW_SCALE_KEYS", 50_000) as u32;
+    let (restarts, restart_exact) = restart_rows(n, keys);
 
     println!("\nScale-out: instances of exactly_once_etl, {n} JSON records of about 60 B, 4 partitions, transactional-offsets, checkpoint 500 ms");
     println!(
@@ -340,7 +395,26 @@ fn main() {
         },
         moved.exact
     );
-    if !rows.iter().all(|r| r.exact) || !moved.exact {
+    println!(
+        "\nRestart of one instance after a graceful stop ({n} records over {keys} keys, exact output: {restart_exact})"
+    );
+    println!("| restore from | changelog records read | records from the cache | restore s | records/s |");
+    println!("| --- | --- | --- | --- | --- |");
+    for r in &restarts {
+        println!(
+            "| {} | {:.0} | {:.0} | {:.3} | {:.0} |",
+            r.what,
+            r.from_changelog,
+            r.from_cache,
+            r.restore_s,
+            if r.restore_s > 0.0 {
+                (r.from_changelog + r.from_cache) / r.restore_s
+            } else {
+                0.0
+            }
+        );
+    }
+    if !rows.iter().all(|r| r.exact) || !moved.exact || !restart_exact {
         eprintln!("an output was not exact");
         std::process::exit(1);
     }

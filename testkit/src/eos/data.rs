@@ -39,6 +39,11 @@ impl Dataset {
     /// `n` valid records with unique ids (partition = id % 4, 64 keys, amounts -50..=1000) and
     /// `n / 10_000 + 8` malformed ones spread through the input.
     pub fn generate(n: u64, seed: u64) -> Dataset {
+        Self::generate_keys(n, 64, seed)
+    }
+
+    /// [`Dataset::generate`] over `keys` keys (`key-0` to `key-{keys-1}`).
+    pub fn generate_keys(n: u64, keys: u32, seed: u64) -> Dataset {
         let mut rng = StdRng::seed_from_u64(seed);
         let bad = n / 10_000 + 8;
         let mut records = Vec::with_capacity((n + bad) as usize);
@@ -46,7 +51,7 @@ impl Dataset {
         let mut bad_markers = Vec::new();
         let every = (n / bad).max(1);
         for id in 0..n {
-            let key = format!("key-{}", rng.random_range(0..64u32));
+            let key = format!("key-{}", rng.random_range(0..keys.max(1)));
             let amount: i64 = rng.random_range(-50..=1000);
             let value = serde_json::json!({ "id": id, "key": key, "amount": amount }).to_string();
             records.push(InputRecord {
