@@ -24,6 +24,8 @@
 //!   partition's offsets (the topic was deleted and created again) is ignored.
 //! - An append that fails stops the appends to that file for the rest of the dataflow: a
 //!   later mark could otherwise move the position past records the file lacks.
+//! - Appends repeat every change of every key, so a file is folded and rewritten once its
+//!   appends pass 64 MiB and twice its size at the last rewrite.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -56,9 +58,15 @@ pub struct CachedTask {
 struct TaskFile {
     file: File,
     position: i64,
-    /// Records were appended since the position last moved.
-    behind: bool,
+    /// Bytes the file had when it was last rewritten, and bytes appended since.
+    rewritten: u64,
+    appended: u64,
 }
+
+/// A file is compacted (folded and rewritten) once its appends pass this many bytes and
+/// twice its size at the last rewrite: the appends repeat every change of every key, so
+/// without it the file of a long run grows with all the changes ever made.
+const COMPACT_AFTER: u64 = 64 << 20;
 
 struct Inner {
     /// Files this dataflow restored and appends to, by (topic, partition).
@@ -157,15 +165,34 @@ impl ChangelogCache {
         drop(file);
         std::fs::rename(&tmp, &path)?;
         let file = OpenOptions::new().append(true).open(&path)?;
+        let rewritten = file.metadata()?.len();
         self.inner.lock().open.insert(
             (topic.to_string(), partition),
             TaskFile {
                 file,
                 position,
-                behind: false,
+                rewritten,
+                appended: 0,
             },
         );
         Ok(())
+    }
+
+    /// Folds the file of `topic`'s partition `partition` and writes it again: its records up
+    /// to its last intact mark, at that mark's position.
+    fn compact(&self, topic: &str, partition: i32) -> std::io::Result<()> {
+        let bytes = std::fs::read(self.path(topic, partition))?;
+        let task = parse(&bytes)
+            .map_err(std::io::Error::other)?
+            .ok_or_else(|| std::io::Error::other("no intact mark"))?;
+        self.rewrite(
+            topic,
+            partition,
+            task.entries
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_slice())),
+            task.position,
+        )
     }
 
     /// The changelog records of a transaction that committed, in the order they were sent:
@@ -197,16 +224,15 @@ impl ChangelogCache {
             inner.last_advance = Some(Instant::now());
         }
         let mut failed = Vec::new();
+        let mut compact = Vec::new();
         for (key, mut buf) in frames {
             let Some(task) = inner.open.get_mut(&key) else {
                 continue;
             };
-            task.behind = true;
             if advance {
                 match high_watermark(&key.0, key.1) {
                     Ok(h) if h >= task.position => {
                         task.position = h;
-                        task.behind = false;
                     }
                     Ok(h) => {
                         tracing::warn!(topic = %key.0, partition = key.1, high = h, position = task.position, "changelog high watermark below the cache position; keeping the position")
@@ -220,10 +246,25 @@ impl ChangelogCache {
             if let Err(e) = task.file.write_all(&buf) {
                 tracing::warn!(topic = %key.0, partition = key.1, error = %e, "appending to the changelog cache failed; the file stays at its last mark");
                 failed.push(key);
+                continue;
+            }
+            task.appended += buf.len() as u64;
+            if task.appended >= COMPACT_AFTER.max(2 * task.rewritten) {
+                compact.push(key);
             }
         }
         for key in failed {
             inner.open.remove(&key);
+        }
+        drop(inner);
+        for (topic, partition) in compact {
+            let started = Instant::now();
+            if let Err(e) = self.compact(&topic, partition) {
+                // the file stays as it is, appended to: still exact, only larger
+                tracing::warn!(%topic, partition, error = %e, "compacting the changelog cache failed");
+            } else {
+                tracing::debug!(%topic, partition, seconds = started.elapsed().as_secs_f64(), "changelog cache compacted");
+            }
         }
     }
 }
@@ -438,6 +479,41 @@ mod tests {
         assert_eq!(parse(&bad).unwrap(), None);
         assert!(parse(b"garbage").is_err());
         assert_eq!(parse(&full).unwrap().unwrap().position, 4);
+    }
+
+    #[test]
+    fn a_file_is_compacted_once_its_appends_pass_twice_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ChangelogCache::open(dir.path())
+            .unwrap()
+            .advance_every(Duration::ZERO);
+        cache.rewrite("t", 0, std::iter::empty(), 0).unwrap();
+        let path = dir.path().join("t-0.cache");
+        // one key changed again and again: 1 KiB values, 100 commits of 1000 changes
+        let value = "v".repeat(1024);
+        let mut high = 0;
+        let mut largest = 0;
+        for commit in 0..100 {
+            let records: Vec<ChangelogRecord> = (0..1000)
+                .map(|i| {
+                    rec(
+                        "t",
+                        0,
+                        &format!("k{}", i % 10),
+                        Some(&format!("{commit}{value}")),
+                    )
+                })
+                .collect();
+            high += 1000;
+            cache.committed(&records, &|_, _| Ok(high));
+            largest = largest.max(std::fs::metadata(&path).unwrap().len());
+        }
+        // 100 MB of appends; the file never holds much more than the compaction threshold
+        assert!(largest < COMPACT_AFTER + (2 << 20), "{largest} bytes");
+        let t = cache.load("t", 0).unwrap();
+        assert_eq!(t.position, high);
+        assert_eq!(t.entries.len(), 10);
+        assert!(t.entries.values().all(|v| v.starts_with(b"99v")));
     }
 
     #[test]
