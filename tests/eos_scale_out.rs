@@ -268,24 +268,6 @@ impl TwoInstances {
     }
 }
 
-/// A log line without its terminal colour codes (`ESC [ ... m`).
-fn without_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// An instance stopped on purpose hands its tasks to the other one, which continues their
 /// totals from the changelog: the stopped instance's checkpoint directory is deleted first,
 /// so nothing can come from its disk. Started again, it takes tasks back the same way.
@@ -324,7 +306,6 @@ fn a_moved_task_continues_its_totals_from_the_changelog() {
     let restored = std::fs::read_to_string(run.dir.path().join("job-b-1.stderr.log"))
         .unwrap_or_default()
         .lines()
-        .map(without_colours)
         .any(|l| l.contains("keyed state restored") && !l.contains("from_changelog=0"));
     assert!(restored, "b restored no keyed state from the changelog");
 

@@ -167,8 +167,11 @@ fn scram_credential(user: &str, mechanism: &str, iterations: u32) -> std::proces
 }
 
 fn main() -> std::process::ExitCode {
+    use std::io::IsTerminal;
+    // colour only on a terminal: a log file or a pipe gets plain text
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

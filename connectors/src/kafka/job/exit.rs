@@ -52,10 +52,13 @@ impl KafkaError {
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default: warnings, and the runtime's and the
-/// connectors' info lines). Does nothing if a subscriber is already installed.
+/// connectors' info lines), in colour only on a terminal without `NO_COLOR` (a log file or
+/// a pipe gets plain text). Does nothing if a subscriber is already installed.
 pub fn init_tracing() {
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "warn,onceflow_runtime=info,onceflow_connectors=info".into()),
