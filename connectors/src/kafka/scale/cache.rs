@@ -206,14 +206,17 @@ impl ChangelogCache {
         high_watermark: &dyn Fn(&str, i32) -> Result<i64, String>,
     ) {
         let mut inner = self.inner.lock();
-        let mut frames: BTreeMap<(String, i32), Vec<u8>> = BTreeMap::new();
+        // grouped by partition first, so the owned key of `open` is built once per partition
+        let mut grouped: BTreeMap<(&str, i32), Vec<u8>> = BTreeMap::new();
         for r in records {
-            let key = (r.topic.clone(), r.partition);
-            if !inner.open.contains_key(&key) {
-                continue;
-            }
-            push_record(frames.entry(key).or_default(), &r.key, r.value.as_deref());
+            let buf = grouped.entry((r.topic.as_str(), r.partition)).or_default();
+            push_record(buf, &r.key, r.value.as_deref());
         }
+        let frames: Vec<((String, i32), Vec<u8>)> = grouped
+            .into_iter()
+            .map(|((topic, partition), buf)| ((topic.to_string(), partition), buf))
+            .filter(|(key, _)| inner.open.contains_key(key))
+            .collect();
         if frames.is_empty() {
             return;
         }
@@ -375,6 +378,16 @@ mod tests {
         }
     }
 
+    /// A cache in `dir` moving its positions at every commit, with an empty file for
+    /// partition 0 of topic `t` at `position`.
+    fn cache_with_file(dir: &Path, position: i64) -> ChangelogCache {
+        let cache = ChangelogCache::open(dir)
+            .unwrap()
+            .advance_every(Duration::ZERO);
+        cache.rewrite("t", 0, std::iter::empty(), position).unwrap();
+        cache
+    }
+
     fn entries(pairs: &[(&str, &str)]) -> BTreeMap<Vec<u8>, Vec<u8>> {
         pairs
             .iter()
@@ -449,10 +462,7 @@ mod tests {
     #[test]
     fn records_after_the_last_intact_mark_are_ignored() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = ChangelogCache::open(dir.path())
-            .unwrap()
-            .advance_every(Duration::ZERO);
-        cache.rewrite("t", 0, std::iter::empty(), 0).unwrap();
+        let cache = cache_with_file(dir.path(), 0);
         cache.committed(&[rec("t", 0, "a", Some("1"))], &|_, _| Ok(2));
         let path = dir.path().join("t-0.cache");
         let good = std::fs::read(&path).unwrap();
@@ -484,10 +494,7 @@ mod tests {
     #[test]
     fn a_file_is_compacted_once_its_appends_pass_twice_its_size() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = ChangelogCache::open(dir.path())
-            .unwrap()
-            .advance_every(Duration::ZERO);
-        cache.rewrite("t", 0, std::iter::empty(), 0).unwrap();
+        let cache = cache_with_file(dir.path(), 0);
         let path = dir.path().join("t-0.cache");
         // one key changed again and again: 1 KiB values, 100 commits of 1000 changes
         let value = "v".repeat(1024);
@@ -519,10 +526,7 @@ mod tests {
     #[test]
     fn a_failed_append_stops_the_appends_to_that_file() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = ChangelogCache::open(dir.path())
-            .unwrap()
-            .advance_every(Duration::ZERO);
-        cache.rewrite("t", 0, std::iter::empty(), 0).unwrap();
+        let cache = cache_with_file(dir.path(), 0);
         // replace the open file by a read-only handle: the next append fails
         let path = dir.path().join("t-0.cache");
         cache
