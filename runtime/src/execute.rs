@@ -299,6 +299,14 @@ impl StreamEnvironment {
                                     },
                                     Some(f) = subtask_failure(&mut tasks) => Some(f),
                                 };
+                                // the coordinator can answer first that every subtask went
+                                // while the failing one's result still waits in the set:
+                                // look there before reporting the echo
+                                let cause = match cause {
+                                    Some(c) => Some(c),
+                                    None if coord.is_finished() => subtask_failure(&mut tasks).await,
+                                    None => None,
+                                };
                                 if let Some(cause) = cause {
                                     return fail(cause, &mut tasks, &coord);
                                 }
