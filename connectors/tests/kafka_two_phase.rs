@@ -105,6 +105,62 @@ async fn recovery_commits_a_crashed_sinks_transaction_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_fences_a_live_zombie_and_aborts_its_open_transaction() {
+    let b = start_broker(2).await;
+    let brokers = b.bootstrap_servers();
+    let factory = sink(&brokers, "out-zombie", "tz");
+    let mut zombie = factory.create(&subtask_info(0, 1, 0)).expect("create");
+    zombie.recover(Vec::new()).await.expect("recover");
+    zombie.write_batch(records(0, 30)).await.expect("write");
+    let p1 = zombie
+        .pre_commit(1)
+        .await
+        .expect("pre_commit")
+        .expect("pending");
+    zombie.commit(1, p1).await.expect("commit");
+    // the zombie goes on writing: an open transaction when its successor starts
+    zombie.write_batch(records(1000, 20)).await.expect("write");
+
+    // the successor restores checkpoint 1 and fences the ring (the zombie stays alive)
+    let factory = sink(&brokers, "out-zombie", "tz");
+    let mut next = factory.create(&subtask_info(0, 1, 1)).expect("create");
+    next.recover(Vec::new())
+        .await
+        .expect("recover fences the ring");
+
+    // the zombie can no longer finish its transaction
+    let finished = async {
+        let p = zombie.pre_commit(2).await?;
+        match p {
+            Some(p) => zombie.commit(2, p).await,
+            None => Ok(()),
+        }
+    };
+    let err = finished.await.expect_err("a fenced zombie must not commit");
+    let msg = err.to_string().to_lowercase();
+    assert!(
+        msg.contains("fenced") || msg.contains("old epoch"),
+        "the zombie's error must say it was fenced: {err}"
+    );
+    next.write_batch(records(30, 10)).await.expect("write");
+    let p2 = next
+        .pre_commit(2)
+        .await
+        .expect("pre_commit")
+        .expect("pending");
+    next.commit(2, p2).await.expect("commit");
+    let seen = read_committed_values(&brokers, "out-zombie");
+    let expected: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
+    let mut got = seen;
+    got.sort_by_key(|v| v[1..].parse::<u32>().unwrap_or(u32::MAX));
+    assert_eq!(
+        got, expected,
+        "the zombie's open transaction must stay invisible"
+    );
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_of_an_aborted_transaction_fails_loudly() {
     let b = start_broker(1).await;
     let brokers = b.bootstrap_servers();

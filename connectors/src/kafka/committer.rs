@@ -1,7 +1,8 @@
 //! A small raw Kafka client on the kafka-protocol crate over tokio: FindCoordinator + EndTxn,
 //! so recovery can finish a pre-committed transaction of a crashed producer with its
-//! (transactional id, producer id, epoch), which librdkafka cannot do; and DescribeConfigs
-//! to read the broker's `transaction.max.timeout.ms`. Connections use TLS and SASL as the
+//! (transactional id, producer id, epoch), which librdkafka cannot do; InitProducerId, to
+//! fence a transactional id without starting a librdkafka producer for it; and
+//! DescribeConfigs to read the broker's `transaction.max.timeout.ms`. Connections use TLS and SASL as the
 //! job's client properties say ([`ClientSecurity`]).
 
 use std::time::{Duration, Instant};
@@ -9,8 +10,8 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::{
-    DescribeConfigsRequest, EndTxnRequest, FindCoordinatorRequest, ProducerId, RequestHeader,
-    ResponseHeader, TransactionalId,
+    DescribeConfigsRequest, EndTxnRequest, FindCoordinatorRequest, InitProducerIdRequest,
+    ProducerId, RequestHeader, ResponseHeader, TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -273,6 +274,75 @@ pub async fn commit_prepared(
             )));
         }
         tracing::debug!(txn_id, reason = %retry_reason, "EndTxn retry");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// Fences `txn_id`: InitProducerId at its transaction coordinator, which bumps the id's epoch
+/// (every producer holding an older one can no longer write, commit or abort) and aborts the
+/// transaction it left open, exactly what a librdkafka producer's `init_transactions` does to
+/// its predecessors. Retries coordinator and concurrency errors (CONCURRENT_TRANSACTIONS
+/// while the open transaction's abort completes) and connection failures until `patience`
+/// runs out.
+///
+/// A librdkafka producer per id costs a client start and its timers (100-600 ms here, most
+/// of a job's start-up when a ring of ids is fenced); this is two round trips per id.
+pub async fn fence(
+    bootstrap: &str,
+    security: &ClientSecurity,
+    txn_id: &str,
+    transaction_timeout: Duration,
+    patience: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + patience;
+    let mut backoff = Duration::from_millis(10);
+    let timeout_ms = i32::try_from(transaction_timeout.as_millis()).unwrap_or(i32::MAX);
+    loop {
+        let attempt = async {
+            let addr = match find_txn_coordinator(bootstrap, security, txn_id).await? {
+                Ok(a) => a,
+                Err(code) => return Ok(code),
+            };
+            let mut coord = RawClient::connect(&addr, security).await?;
+            let r = coord
+                .request(
+                    &InitProducerIdRequest::default()
+                        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(
+                            txn_id.to_string(),
+                        ))))
+                        .with_transaction_timeout_ms(timeout_ms),
+                    1,
+                )
+                .await?;
+            Ok::<i16, KafkaError>(r.error_code)
+        };
+        let retry_reason = match attempt.await {
+            Ok(codes::NONE) => return Ok(()),
+            Ok(codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED) => {
+                return Err(KafkaError::Config(format!(
+                    "InitProducerId for {txn_id} was refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the principal needs Write on TransactionalId {txn_id} (a prefixed ACL on the job's --transactional-id-prefix)"
+                )))
+            }
+            Ok(
+                c @ (codes::COORDINATOR_LOAD_IN_PROGRESS
+                | codes::COORDINATOR_NOT_AVAILABLE
+                | codes::NOT_COORDINATOR
+                | codes::CONCURRENT_TRANSACTIONS),
+            ) => format!("error code {c}"),
+            Ok(c) => {
+                return Err(KafkaError::Protocol(format!(
+                    "fencing {txn_id}: InitProducerId failed with Kafka error code {c}"
+                )))
+            }
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() + backoff > deadline {
+            return Err(KafkaError::Protocol(format!(
+                "fencing {txn_id}: InitProducerId did not succeed within {patience:?}: {retry_reason}"
+            )));
+        }
+        tracing::debug!(txn_id, reason = %retry_reason, "InitProducerId retry");
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_millis(500));
     }

@@ -79,6 +79,9 @@ impl PrefixClaim {
             .set("auto.offset.reset", "latest")
             .create()
             .map_err(|e| KafkaError::client("creating the prefix registry consumer", e))?;
+        // librdkafka's group listing waits for the client's first metadata, which a new
+        // client fetches only on its one-second timer; asking for metadata connects now
+        let _ = consumer.fetch_metadata(Some(REGISTRY_TOPIC), CALL_TIMEOUT);
         let groups = consumer
             .fetch_group_list(Some(&group), CALL_TIMEOUT)
             .map_err(|e| KafkaError::client(format!("describing group {group}"), e))?;

@@ -267,23 +267,26 @@ impl TwoPhaseWriter {
                 }
             }
             let t0 = Instant::now();
+            let security = ClientSecurity::from_properties(
+                &self.cfg.client_properties,
+                "two-phase-commit recovery",
+            )?;
+            let (security, cfg) = (&security, &self.cfg);
             let fences = ids
                 .into_iter()
                 .filter(|i| !committed.contains(i))
-                .map(|id| {
-                    let cfg = self.cfg.clone();
-                    async move {
-                        let idc = id.clone();
-                        blocking(move || -> super::super::Result<()> {
-                            let (p, _ctx) = producer::create(&cfg, Some(&idc), false)?;
-                            producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
-                                .map_err(|e| KafkaError::client(format!("fencing {idc}"), e))
-                        })
-                        .await??;
-                        metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
-                        tracing::debug!(transactional_id = %id, "fenced and aborted");
-                        Ok::<(), onceflow_runtime::Error>(())
-                    }
+                .map(|id| async move {
+                    committer::fence(
+                        &cfg.brokers,
+                        security,
+                        &id,
+                        cfg.transaction_timeout,
+                        TXN_CALL_TIMEOUT,
+                    )
+                    .await?;
+                    metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
+                    tracing::debug!(transactional_id = %id, "fenced and aborted");
+                    Ok::<(), onceflow_runtime::Error>(())
                 });
             let fenced = futures::future::try_join_all(fences).await?.len();
             tracing::info!(
