@@ -145,6 +145,10 @@ fn job_command(s: &Spec<'_>, input: &str, output: &str, ckpt: &Path, max: u64) -
         .args(["--parallelism", &s.parallelism.to_string()])
         .args(["--transactional-id-prefix", &format!("etl-{}", s.tag)])
         .args(["--max-records", &max.to_string()]);
+    // extra job flags for diagnosis, e.g. `--metrics-listen 127.0.0.1:9898`
+    if let Ok(extra) = std::env::var("TXN_SIZE_JOB_ARGS") {
+        c.args(extra.split_whitespace());
+    }
     c
 }
 
