@@ -236,6 +236,45 @@ pub enum CommitOutcome {
     Lost(i16),
 }
 
+/// Runs `attempt` (one coordinator call, answering a Kafka error code) until its answer is
+/// not a retriable one: coordinator loading, moved or unavailable, another transaction
+/// operation in progress, or a connection failure. Sleeps between attempts from
+/// `first_backoff` doubling up to 500 ms, for at most `patience`; `what` names the call in
+/// the error when patience runs out.
+async fn until_settled<F, Fut>(
+    what: &str,
+    patience: Duration,
+    first_backoff: Duration,
+    mut attempt: F,
+) -> Result<i16>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<i16>>,
+{
+    let deadline = Instant::now() + patience;
+    let mut backoff = first_backoff;
+    loop {
+        let retry_reason = match attempt().await {
+            Ok(
+                c @ (codes::COORDINATOR_LOAD_IN_PROGRESS
+                | codes::COORDINATOR_NOT_AVAILABLE
+                | codes::NOT_COORDINATOR
+                | codes::CONCURRENT_TRANSACTIONS),
+            ) => format!("error code {c}"),
+            Ok(settled) => return Ok(settled),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() + backoff > deadline {
+            return Err(KafkaError::Protocol(format!(
+                "{what} did not succeed within {patience:?}: {retry_reason}"
+            )));
+        }
+        tracing::debug!(call = what, reason = %retry_reason, "coordinator call retry");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(500));
+    }
+}
+
 /// Commits the prepared transaction (transactional id, producer id, epoch), retrying
 /// coordinator and concurrency errors (and connection failures) until `patience` runs out.
 pub async fn commit_prepared(
@@ -246,37 +285,45 @@ pub async fn commit_prepared(
     epoch: i16,
     patience: Duration,
 ) -> Result<CommitOutcome> {
-    let deadline = Instant::now() + patience;
-    let mut backoff = Duration::from_millis(20);
-    loop {
-        let attempt = end_txn_once(bootstrap, security, txn_id, producer_id, epoch, true).await;
-        let retry_reason = match attempt {
-            Ok(codes::NONE) => return Ok(CommitOutcome::Committed),
-            // not a lost transaction: it stays prepared until its timeout, and a restart with
-            // the permission commits it
-            Ok(codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED) => {
-                return Err(KafkaError::Config(format!(
-                    "EndTxn(commit) for {txn_id} was refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the principal needs Write on TransactionalId {txn_id} (a prefixed ACL on the job's --transactional-id-prefix); the transaction stays prepared until its timeout"
-                )))
-            }
-            Ok(
-                c @ (codes::COORDINATOR_LOAD_IN_PROGRESS
-                | codes::COORDINATOR_NOT_AVAILABLE
-                | codes::NOT_COORDINATOR
-                | codes::CONCURRENT_TRANSACTIONS),
-            ) => format!("error code {c}"),
-            Ok(c) => return Ok(CommitOutcome::Lost(c)),
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() + backoff > deadline {
-            return Err(KafkaError::Protocol(format!(
-                "EndTxn(commit) for {txn_id} (producer id {producer_id}, epoch {epoch}) did not succeed within {patience:?}: {retry_reason}"
-            )));
-        }
-        tracing::debug!(txn_id, reason = %retry_reason, "EndTxn retry");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_millis(500));
+    let what = format!("EndTxn(commit) for {txn_id} (producer id {producer_id}, epoch {epoch})");
+    let code = until_settled(&what, patience, Duration::from_millis(20), || {
+        end_txn_once(bootstrap, security, txn_id, producer_id, epoch, true)
+    })
+    .await?;
+    match code {
+        codes::NONE => Ok(CommitOutcome::Committed),
+        // not a lost transaction: it stays prepared until its timeout, and a restart with
+        // the permission commits it
+        codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED => Err(KafkaError::Config(format!(
+            "EndTxn(commit) for {txn_id} was refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the principal needs Write on TransactionalId {txn_id} (a prefixed ACL on the job's --transactional-id-prefix); the transaction stays prepared until its timeout"
+        ))),
+        c => Ok(CommitOutcome::Lost(c)),
     }
+}
+
+/// Sends InitProducerId for `txn_id` once (after FindCoordinator) and returns the error code.
+async fn init_producer_id_once(
+    bootstrap: &str,
+    security: &ClientSecurity,
+    txn_id: &str,
+    transaction_timeout_ms: i32,
+) -> Result<i16> {
+    let addr = match find_txn_coordinator(bootstrap, security, txn_id).await? {
+        Ok(a) => a,
+        Err(code) => return Ok(code),
+    };
+    let mut coord = RawClient::connect(&addr, security).await?;
+    let r = coord
+        .request(
+            &InitProducerIdRequest::default()
+                .with_transactional_id(Some(TransactionalId(StrBytes::from_string(
+                    txn_id.to_string(),
+                ))))
+                .with_transaction_timeout_ms(transaction_timeout_ms),
+            1,
+        )
+        .await?;
+    Ok(r.error_code)
 }
 
 /// Fences `txn_id`: InitProducerId at its transaction coordinator, which bumps the id's epoch
@@ -295,56 +342,20 @@ pub async fn fence(
     transaction_timeout: Duration,
     patience: Duration,
 ) -> Result<()> {
-    let deadline = Instant::now() + patience;
-    let mut backoff = Duration::from_millis(10);
     let timeout_ms = i32::try_from(transaction_timeout.as_millis()).unwrap_or(i32::MAX);
-    loop {
-        let attempt = async {
-            let addr = match find_txn_coordinator(bootstrap, security, txn_id).await? {
-                Ok(a) => a,
-                Err(code) => return Ok(code),
-            };
-            let mut coord = RawClient::connect(&addr, security).await?;
-            let r = coord
-                .request(
-                    &InitProducerIdRequest::default()
-                        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(
-                            txn_id.to_string(),
-                        ))))
-                        .with_transaction_timeout_ms(timeout_ms),
-                    1,
-                )
-                .await?;
-            Ok::<i16, KafkaError>(r.error_code)
-        };
-        let retry_reason = match attempt.await {
-            Ok(codes::NONE) => return Ok(()),
-            Ok(codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED) => {
-                return Err(KafkaError::Config(format!(
-                    "InitProducerId for {txn_id} was refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the principal needs Write on TransactionalId {txn_id} (a prefixed ACL on the job's --transactional-id-prefix)"
-                )))
-            }
-            Ok(
-                c @ (codes::COORDINATOR_LOAD_IN_PROGRESS
-                | codes::COORDINATOR_NOT_AVAILABLE
-                | codes::NOT_COORDINATOR
-                | codes::CONCURRENT_TRANSACTIONS),
-            ) => format!("error code {c}"),
-            Ok(c) => {
-                return Err(KafkaError::Protocol(format!(
-                    "fencing {txn_id}: InitProducerId failed with Kafka error code {c}"
-                )))
-            }
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() + backoff > deadline {
-            return Err(KafkaError::Protocol(format!(
-                "fencing {txn_id}: InitProducerId did not succeed within {patience:?}: {retry_reason}"
-            )));
-        }
-        tracing::debug!(txn_id, reason = %retry_reason, "InitProducerId retry");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_millis(500));
+    let what = format!("fencing {txn_id}: InitProducerId");
+    let code = until_settled(&what, patience, Duration::from_millis(10), || {
+        init_producer_id_once(bootstrap, security, txn_id, timeout_ms)
+    })
+    .await?;
+    match code {
+        codes::NONE => Ok(()),
+        codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED => Err(KafkaError::Config(format!(
+            "InitProducerId for {txn_id} was refused with TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the principal needs Write on TransactionalId {txn_id} (a prefixed ACL on the job's --transactional-id-prefix)"
+        ))),
+        c => Err(KafkaError::Protocol(format!(
+            "fencing {txn_id}: InitProducerId failed with Kafka error code {c}"
+        ))),
     }
 }
 

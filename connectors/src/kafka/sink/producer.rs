@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rdkafka::error::{KafkaError as RdError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::{ClientContext, Statistics};
+use rdkafka::{ClientConfig, ClientContext, Statistics};
 
 use super::super::config::KafkaSinkConfig;
 use super::super::{KafkaError, Result};
@@ -59,13 +59,25 @@ pub fn create(
     txn_id: Option<&str>,
     idempotent: bool,
 ) -> Result<(Arc<Prod>, Ctx)> {
+    let ctx = Ctx::default();
+    let p: Prod = config(cfg, txn_id, idempotent)
+        .create_with_context(ctx.clone())
+        .map_err(|e| KafkaError::client("creating the producer", e))?;
+    Ok((Arc::new(p), ctx))
+}
+
+/// The librdkafka settings of a sink's producer (see [`create`]).
+fn config(cfg: &KafkaSinkConfig, txn_id: Option<&str>, idempotent: bool) -> ClientConfig {
     let mut c = cfg.client_properties.client_config(&cfg.brokers);
+    // the batching default; a job's own `--kafka-property linger.ms=...` wins
+    if cfg.client_properties.get("linger.ms").is_none() {
+        c.set("linger.ms", "5");
+    }
     c
         // only failed deliveries are reported: the sinks look at nothing else, and a report
         // per acknowledged record cost the writing subtask an event per produce response and
         // a callback per record; `in_flight_count` still counts records until their ack
         .set("delivery.report.only.error", "true")
-        .set("linger.ms", "5")
         .set("message.timeout.ms", "120000");
     if let Some(id) = txn_id {
         let t = cfg.transaction_timeout.as_millis().to_string();
@@ -83,11 +95,7 @@ pub fn create(
     for (k, v) in &cfg.producer_properties {
         c.set(k, v);
     }
-    let ctx = Ctx::default();
-    let p: Prod = c
-        .create_with_context(ctx.clone())
-        .map_err(|e| KafkaError::client("creating the producer", e))?;
-    Ok((Arc::new(p), ctx))
+    c
 }
 
 /// Runs a blocking closure on tokio's blocking pool.
@@ -242,4 +250,40 @@ pub fn is_fenced(e: &RdError) -> bool {
                 | RDKafkaErrorCode::InvalidProducerEpoch
         )
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink_config(properties: &[(&str, &str)]) -> KafkaSinkConfig {
+        let mut c = KafkaSinkConfig::new("127.0.0.1:9", "out");
+        for (k, v) in properties {
+            c.client_properties
+                .set(k, v)
+                .expect("a property the job may set");
+        }
+        c
+    }
+
+    #[test]
+    fn linger_defaults_to_five_ms_and_the_jobs_own_value_wins() {
+        let c = config(&sink_config(&[]), Some("t-0-0"), false);
+        assert_eq!(c.get("linger.ms"), Some("5"));
+        let c = config(&sink_config(&[("linger.ms", "1")]), Some("t-0-0"), false);
+        assert_eq!(c.get("linger.ms"), Some("1"));
+        let c = config(&sink_config(&[("linger.ms", "20")]), None, true);
+        assert_eq!(c.get("linger.ms"), Some("20"));
+    }
+
+    #[test]
+    fn a_transactional_producers_message_timeout_follows_the_transaction_timeout() {
+        let c = config(
+            &sink_config(&[("message.timeout.ms", "900000")]),
+            Some("t-0-0"),
+            false,
+        );
+        assert_eq!(c.get("message.timeout.ms"), Some("60000"));
+        assert_eq!(c.get("transaction.timeout.ms"), Some("60000"));
+    }
 }
