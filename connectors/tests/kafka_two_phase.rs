@@ -111,47 +111,50 @@ async fn recovery_fences_a_live_zombie_and_aborts_its_open_transaction() {
     let factory = sink(&brokers, "out-zombie", "tz");
     let mut zombie = factory.create(&subtask_info(0, 1, 0)).expect("create");
     zombie.recover(Vec::new()).await.expect("recover");
-    zombie.write_batch(records(0, 30)).await.expect("write");
-    let p1 = zombie
-        .pre_commit(1)
-        .await
-        .expect("pre_commit")
-        .expect("pending");
-    zombie.commit(1, p1).await.expect("commit");
+    // two checkpoints, so that every slot of the zombie's ring has its producer (a producer
+    // still being made when the ring is fenced would keep the test's runtime waiting for it)
+    for (checkpoint, from) in [(1, 0), (2, 30)] {
+        zombie.write_batch(records(from, 30)).await.expect("write");
+        let p = zombie
+            .pre_commit(checkpoint)
+            .await
+            .expect("pre_commit")
+            .expect("pending");
+        zombie.commit(checkpoint, p).await.expect("commit");
+    }
     // the zombie goes on writing: an open transaction when its successor starts
     zombie.write_batch(records(1000, 20)).await.expect("write");
 
-    // the successor restores checkpoint 1 and fences the ring (the zombie stays alive)
+    // the successor restores checkpoint 2 and fences the ring (the zombie stays alive)
     let factory = sink(&brokers, "out-zombie", "tz");
-    let mut next = factory.create(&subtask_info(0, 1, 1)).expect("create");
+    let mut next = factory.create(&subtask_info(0, 1, 2)).expect("create");
     next.recover(Vec::new())
         .await
         .expect("recover fences the ring");
 
-    // the zombie can no longer finish its transaction
+    // the zombie can no longer finish its transaction; librdkafka reports the fencing in
+    // whichever call meets it first (the epoch error of a delivery, or the purge of its queue
+    // that follows), so only the refusal is checked
     let finished = async {
-        let p = zombie.pre_commit(2).await?;
+        let p = zombie.pre_commit(3).await?;
         match p {
-            Some(p) => zombie.commit(2, p).await,
+            Some(p) => zombie.commit(3, p).await,
             None => Ok(()),
         }
     };
-    // librdkafka reports the fencing in whichever call meets it first (the epoch error of a
-    // delivery, or the purge of its queue that follows), so only the refusal is checked
     finished
         .await
         .expect_err("a fenced zombie must not complete its transaction");
-    next.write_batch(records(30, 10)).await.expect("write");
-    let p2 = next
-        .pre_commit(2)
+    next.write_batch(records(60, 10)).await.expect("write");
+    let p3 = next
+        .pre_commit(3)
         .await
         .expect("pre_commit")
         .expect("pending");
-    next.commit(2, p2).await.expect("commit");
-    let seen = read_committed_values(&brokers, "out-zombie");
-    let expected: Vec<String> = (0..40).map(|i| format!("r{i}")).collect();
-    let mut got = seen;
+    next.commit(3, p3).await.expect("commit");
+    let mut got = read_committed_values(&brokers, "out-zombie");
     got.sort_by_key(|v| v[1..].parse::<u32>().unwrap_or(u32::MAX));
+    let expected: Vec<String> = (0..70).map(|i| format!("r{i}")).collect();
     assert_eq!(
         got, expected,
         "the zombie's open transaction must stay invisible"
