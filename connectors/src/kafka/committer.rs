@@ -199,6 +199,18 @@ pub async fn find_txn_coordinator(
     Ok(Ok(format!("{}:{}", fc.host.as_str(), fc.port)))
 }
 
+/// A connection to the transaction coordinator of `txn_id`, or FindCoordinator's error code.
+async fn connect_txn_coordinator(
+    bootstrap: &str,
+    security: &ClientSecurity,
+    txn_id: &str,
+) -> Result<std::result::Result<RawClient, i16>> {
+    match find_txn_coordinator(bootstrap, security, txn_id).await? {
+        Ok(addr) => Ok(Ok(RawClient::connect(&addr, security).await?)),
+        Err(code) => Ok(Err(code)),
+    }
+}
+
 /// Sends EndTxn once (after FindCoordinator) and returns the error code.
 pub async fn end_txn_once(
     bootstrap: &str,
@@ -208,11 +220,10 @@ pub async fn end_txn_once(
     epoch: i16,
     commit: bool,
 ) -> Result<i16> {
-    let addr = match find_txn_coordinator(bootstrap, security, txn_id).await? {
-        Ok(a) => a,
+    let mut coord = match connect_txn_coordinator(bootstrap, security, txn_id).await? {
+        Ok(c) => c,
         Err(code) => return Ok(code),
     };
-    let mut coord = RawClient::connect(&addr, security).await?;
     let r = coord
         .request(
             &EndTxnRequest::default()
@@ -308,11 +319,10 @@ async fn init_producer_id_once(
     txn_id: &str,
     transaction_timeout_ms: i32,
 ) -> Result<i16> {
-    let addr = match find_txn_coordinator(bootstrap, security, txn_id).await? {
-        Ok(a) => a,
+    let mut coord = match connect_txn_coordinator(bootstrap, security, txn_id).await? {
+        Ok(c) => c,
         Err(code) => return Ok(code),
     };
-    let mut coord = RawClient::connect(&addr, security).await?;
     let r = coord
         .request(
             &InitProducerIdRequest::default()
