@@ -303,9 +303,8 @@ impl StreamEnvironment {
                                 // while the failing one's result still waits in the set:
                                 // look there before reporting the echo
                                 let cause = match cause {
-                                    Some(c) => Some(c),
                                     None if coord.is_finished() => subtask_failure(&mut tasks).await,
-                                    None => None,
+                                    found => found,
                                 };
                                 if let Some(cause) = cause {
                                     return fail(cause, &mut tasks, &coord);

@@ -2,8 +2,8 @@
 //! so recovery can finish a pre-committed transaction of a crashed producer with its
 //! (transactional id, producer id, epoch), which librdkafka cannot do; InitProducerId, to
 //! fence a transactional id without starting a librdkafka producer for it; and
-//! DescribeConfigs to read the broker's `transaction.max.timeout.ms`. Connections use TLS and SASL as the
-//! job's client properties say ([`ClientSecurity`]).
+//! DescribeConfigs to read the broker's `transaction.max.timeout.ms`. Connections use TLS
+//! and SASL as the job's client properties say ([`ClientSecurity`]).
 
 use std::time::{Duration, Instant};
 

@@ -191,6 +191,11 @@ impl TwoPhaseWriter {
         pending: Vec<KafkaPending>,
     ) -> onceflow_runtime::Result<()> {
         if self.subtask == 0 {
+            // one set of connection settings for the recovery commits and the fencing
+            let security = ClientSecurity::from_properties(
+                &self.cfg.client_properties,
+                "two-phase-commit recovery",
+            )?;
             let mut old_parallelism = 0;
             let mut old_ring = 0;
             let mut committed = std::collections::HashSet::new();
@@ -206,10 +211,6 @@ impl TwoPhaseWriter {
                 old_ring = old_ring.max(p.ring_slots);
                 let Some(t) = &p.txn else { continue };
                 let t0 = Instant::now();
-                let security = ClientSecurity::from_properties(
-                    &self.cfg.client_properties,
-                    "two-phase-commit recovery",
-                )?;
                 let outcome = committer::commit_prepared(
                     &self.cfg.brokers,
                     &security,
@@ -267,10 +268,6 @@ impl TwoPhaseWriter {
                 }
             }
             let t0 = Instant::now();
-            let security = ClientSecurity::from_properties(
-                &self.cfg.client_properties,
-                "two-phase-commit recovery",
-            )?;
             let (security, cfg) = (&security, &self.cfg);
             let fences = ids
                 .into_iter()
