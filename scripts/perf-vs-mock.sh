@@ -5,9 +5,12 @@
 # Rows (each repeated REPEATS times, targets interleaved so that machine noise hits all alike):
 #   produce 100 B and 1 KiB, idempotent, linger.ms=5, one partition, against
 #     mock        the mock cluster inside the perf tool (-X test.mock.num.brokers=1)
-#     memory      onceflow-broker --in-memory
+#     memory      onceflow-broker --in-memory (keeps every record)
+#     memory-5m   onceflow-broker --in-memory with the mock's bound: 5 MiB per partition
+#                 (retention.bytes, 4 MiB segments, retention checked every 100 ms), so the
+#                 in-memory log reuses its memory as the mock does
 #     durable     onceflow-broker --data-dir D --fsync every-batch
-#   fetch 1 KiB  a consumer reading, from the beginning, what a producer wrote ahead into a
+#   fetch 1 KiB  (mock, memory, durable) a consumer reading, from the beginning, what a producer wrote ahead into a
 #                topic of FETCH_PARTITIONS partitions, from a standalone mock cluster process and
 #                from ours (the mock keeps only the last 5 MB of each partition, so the records
 #                are spread over many partitions to fit)
@@ -89,12 +92,17 @@ start_broker() {
     local bin=$BROKER_BIN
     [[ $1 == base-* ]] && bin=$BASE_BIN
     local args=(--listen 127.0.0.1:0 --default-partitions "${2:-1}")
-    if [[ ${1#base-} == memory ]]; then
-        args+=(--in-memory)
-    else
+    case ${1#base-} in
+    memory) args+=(--in-memory) ;;
+    memory-5m)
+        args+=(--in-memory --segment-bytes 4194304 --log-retention-bytes 5242880
+            --log-retention-check-interval-ms 100)
+        ;;
+    *)
         DATA_DIR=$(mktemp -d "$WORK/data.XXXXXX")
         args+=(--data-dir "$DATA_DIR" --fsync every-batch)
-    fi
+        ;;
+    esac
     local out=$WORK/broker.out
     : >"$out"
     "$bin" "${args[@]}" >"$out" 2>"$WORK/broker.err" &
@@ -179,10 +187,10 @@ record() { RESULTS[$1]="${RESULTS[$1]:-} $2"; }
 # --- runs -----------------------------------------------------------------------------------
 echo "rdkafka_performance: $("$PERF" -h 2>&1 | grep -m1 'librdkafka version' || true)"
 echo "broker: $BROKER_BIN"
-KINDS=(memory durable)
+KINDS=(memory memory-5m durable)
 if [[ -n ${BASE_BIN:-} ]]; then
     echo "base broker: $BASE_BIN"
-    KINDS=(base-memory memory base-durable durable)
+    KINDS=(base-memory memory base-memory-5m memory-5m base-durable durable)
 fi
 for rep in $(seq "$REPEATS"); do
     for size in 100 1024; do
@@ -200,6 +208,8 @@ for rep in $(seq "$REPEATS"); do
     done
     # Fetch: fill a many-partition topic (records spread at random), then read it all.
     for kind in mock "${KINDS[@]}"; do
+        # A bounded log has dropped the beginning a consumer reads from.
+        [[ $kind == *-5m ]] && continue
         if [[ $kind == mock ]]; then
             start_mock perf-fetch "$FETCH_PARTITIONS"
             addr=$MOCK_ADDR

@@ -186,7 +186,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             Some(i) => self.spares.swap_remove(i),
             None => {
                 self.allocations += 1;
-                (BytesMut::with_capacity(capacity), capacity)
+                if capacity > crate::bufpool::BUFFER / 2 && capacity <= crate::bufpool::BUFFER {
+                    // A pooled buffer's pages are mapped already: the socket read does not
+                    // fault them in on the request's path.
+                    (crate::bufpool::take(), crate::bufpool::BUFFER)
+                } else {
+                    (BytesMut::with_capacity(capacity), capacity)
+                }
             }
         };
         next.extend_from_slice(&self.buf);
@@ -196,7 +202,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         // Buffers grown for an unusually large frame are not kept.
         if old_capacity > 0 && old_capacity <= 2 * MAX_READ_BUFFER {
             if self.spares.len() == SPARE_READ_BUFFERS {
-                self.spares.remove(0);
+                // Kept by the pool if nothing else holds it (the in-memory log keeps the
+                // produced batches of a frame as they were read).
+                crate::bufpool::give_back(self.spares.remove(0).0);
             }
             self.spares.push((old, old_capacity));
         }

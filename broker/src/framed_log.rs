@@ -127,7 +127,7 @@ impl Framing {
         let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
         let mut out = Vec::with_capacity(payload.len() + 8);
         self.put_u32(&mut out, len);
-        self.put_u32(&mut out, crc32c::crc32c(payload));
+        self.put_u32(&mut out, crate::crc32c(payload));
         out.extend_from_slice(payload);
         out
     }
@@ -140,7 +140,7 @@ impl Framing {
             return None;
         }
         let payload = data.get(pos + 8..(pos + 8).checked_add(len)?)?;
-        (crc32c::crc32c(payload) == self.get_u32(&header[4..])).then_some(payload)
+        (crate::crc32c(payload) == self.get_u32(&header[4..])).then_some(payload)
     }
 
     /// The first position after `from` where a valid frame that decodes starts.

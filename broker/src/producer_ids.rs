@@ -99,7 +99,7 @@ fn write_durably(path: &Path, value: i64) -> Result<()> {
 
 fn encode(value: i64) -> String {
     let line = value.to_string();
-    format!("{line}\ncrc32c {:08x}\n", crc32c::crc32c(line.as_bytes()))
+    format!("{line}\ncrc32c {:08x}\n", crate::crc32c(line.as_bytes()))
 }
 
 fn decode(text: &str) -> std::result::Result<i64, String> {
@@ -115,7 +115,7 @@ fn decode(text: &str) -> std::result::Result<i64, String> {
         .strip_prefix("crc32c ")
         .and_then(|hex| u32::from_str_radix(hex.trim(), 16).ok())
         .ok_or_else(|| format!("second line {check:?} is not `crc32c HEX`"))?;
-    let computed = crc32c::crc32c(first.as_bytes());
+    let computed = crate::crc32c(first.as_bytes());
     if stored != computed {
         return Err(format!(
             "checksum mismatch (stored {stored:08x}, computed {computed:08x}): the file is \

@@ -190,7 +190,7 @@ fn zstd_bomb_batch(frames: usize, timestamp: i64) -> Result<bytes::Bytes> {
     b.extend_from_slice(&(-1i32).to_be_bytes()); // base sequence
     b.extend_from_slice(&1i32.to_be_bytes()); // record count
     b.extend_from_slice(&records);
-    let crc = crc32c::crc32c(&b[21..]);
+    let crc = onceflow_broker::crc32c(&b[21..]);
     b[17..21].copy_from_slice(&crc.to_be_bytes());
     Ok(bytes::Bytes::from(b))
 }

@@ -220,7 +220,7 @@ impl Authorizer {
         let body: String = bindings.iter().map(|b| b.to_line() + "\n").collect();
         let text = format!(
             "{HEADER_PREFIX}{:08x}\n{body}",
-            crc32c::crc32c(body.as_bytes())
+            crate::crc32c(body.as_bytes())
         );
         write_atomically(path, text.as_bytes()).map_err(|source| BrokerError::Io {
             context: format!("writing ACLs to {}", path.display()),
@@ -252,7 +252,7 @@ fn read_store(path: &Path) -> Result<Vec<AclBinding>> {
         .strip_prefix(HEADER_PREFIX)
         .and_then(|hex| u32::from_str_radix(hex, 16).ok())
         .ok_or_else(|| corrupt("bad header"))?;
-    if crc32c::crc32c(body.as_bytes()) != crc {
+    if crate::crc32c(body.as_bytes()) != crc {
         return Err(corrupt("checksum mismatch"));
     }
     parse_acl_lines(body).map_err(|e| corrupt(&e))

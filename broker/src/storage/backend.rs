@@ -34,6 +34,13 @@ pub trait BackendFile: Send + Sync + fmt::Debug {
     /// memory first); returns the position it was written at. On an error the file may hold
     /// a prefix of the parts: the caller truncates.
     fn append_parts(&self, parts: &[&[u8]]) -> io::Result<u64>;
+    /// As [`BackendFile::append_parts`], for parts the caller hands over: a backend that keeps
+    /// bytes in memory may keep these instead of copying them. The default writes them as
+    /// [`BackendFile::append_parts`] does.
+    fn append_shared(&self, parts: &[Bytes]) -> io::Result<u64> {
+        let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        self.append_parts(&slices)
+    }
     /// Reads up to `len` bytes at `pos`; shorter only at the end of the file.
     fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes>;
     /// Forces written data to stable storage.

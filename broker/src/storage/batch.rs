@@ -174,7 +174,7 @@ pub fn validate_batch(buf: &[u8]) -> Result<BatchHeader, BatchFault> {
             buf.len()
         )));
     }
-    let crc = crc32c::crc32c(&buf[CRC_START..]);
+    let crc = crate::crc32c(&buf[CRC_START..]);
     if crc != h.crc {
         return Err(BatchFault::Corrupt(format!(
             "CRC-32C mismatch: stored {:#010x}, computed {crc:#010x}",
@@ -419,7 +419,7 @@ pub fn encode_batch(spec: BatchSpec, records: &[RecordSpec<'_>]) -> BytesMut {
     out.put_i32(spec.base_sequence);
     out.put_i32(records.len() as i32);
     out.put_slice(&body);
-    let crc = crc32c::crc32c(&out[CRC_START..]);
+    let crc = crate::crc32c(&out[CRC_START..]);
     out[17..21].copy_from_slice(&crc.to_be_bytes());
     out
 }

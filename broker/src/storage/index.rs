@@ -33,7 +33,7 @@ impl IndexEntry {
         out[0..8].copy_from_slice(&self.offset.to_be_bytes());
         out[8..16].copy_from_slice(&self.position.to_be_bytes());
         out[16..24].copy_from_slice(&self.max_ts_before.to_be_bytes());
-        let crc = crc32c::crc32c(&out[..24]);
+        let crc = crate::crc32c(&out[..24]);
         out[24..28].copy_from_slice(&crc.to_be_bytes());
         out
     }
@@ -45,7 +45,7 @@ impl IndexEntry {
             a
         };
         let crc = u32::from_be_bytes([b[24], b[25], b[26], b[27]]);
-        if crc32c::crc32c(&b[..24]) != crc {
+        if crate::crc32c(&b[..24]) != crc {
             return None;
         }
         Some(IndexEntry {

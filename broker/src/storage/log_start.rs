@@ -18,7 +18,7 @@ pub fn encode(offset: i64) -> Vec<u8> {
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_be_bytes());
     out.extend_from_slice(&offset.to_be_bytes());
-    let crc = crc32c::crc32c(&out);
+    let crc = crate::crc32c(&out);
     out.extend_from_slice(&crc.to_be_bytes());
     out
 }
@@ -32,7 +32,7 @@ pub fn decode(bytes: &[u8]) -> Result<i64, String> {
         return Err("bad magic".into());
     }
     let stored = u32::from_be_bytes([bytes[14], bytes[15], bytes[16], bytes[17]]);
-    if crc32c::crc32c(&bytes[..14]) != stored {
+    if crate::crc32c(&bytes[..14]) != stored {
         return Err("checksum mismatch".into());
     }
     let version = u16::from_be_bytes([bytes[4], bytes[5]]);

@@ -6,11 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 
 use super::backend::{BackendFile, DirEntry, StorageBackend};
+use crate::bufpool::{self, BUFFER as WARM_BUFFER};
 
 /// Counters of injected faults; negative means "never fail".
 #[derive(Debug)]
@@ -49,80 +50,10 @@ impl Faults {
 /// Largest buffer reserved ahead for appends to one file.
 const MAX_TAIL_RESERVE: usize = 4 * 1024 * 1024;
 
-/// Size of the buffers a file larger than this appends into (a log segment): taken from the
-/// [`WarmPool`], filled, frozen, and followed by the next.
-const WARM_BUFFER: usize = 4 * 1024 * 1024;
-
-/// Buffers the [`WarmPool`] keeps ready.
-const WARM_READY: usize = 4;
-
-/// Buffers whose memory a background thread has already written once, so the kernel has
-/// mapped and zeroed their pages before an append copies into them. An in-memory log keeps
-/// every byte it is sent, so it needs fresh memory at the produce rate; faulting in and
-/// zeroing those pages took about half of the broker's CPU per produce request, on the
-/// request's path. The pool moves that work to its own thread, off the request's path. It
-/// holds at most `WARM_READY` buffers and is started by the first file that needs one.
-struct WarmPool {
-    ready: Mutex<Vec<BytesMut>>,
-    taken: Condvar,
-}
-
-impl WarmPool {
-    /// The process's pool, started on first use; `None` if its thread cannot be started.
-    fn shared() -> Option<&'static WarmPool> {
-        static POOL: OnceLock<Option<&'static WarmPool>> = OnceLock::new();
-        *POOL.get_or_init(|| {
-            let pool: &'static WarmPool = Box::leak(Box::new(WarmPool {
-                ready: Mutex::new(Vec::with_capacity(WARM_READY)),
-                taken: Condvar::new(),
-            }));
-            match std::thread::Builder::new()
-                .name("memlog-warm".into())
-                .spawn(move || pool.fill())
-            {
-                Ok(_) => Some(pool),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot start the in-memory log's buffer thread");
-                    None
-                }
-            }
-        })
-    }
-
-    /// Keeps `WARM_READY` touched buffers ready, for the life of the process.
-    fn fill(&self) {
-        loop {
-            {
-                let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-                while ready.len() >= WARM_READY {
-                    ready = self.taken.wait(ready).unwrap_or_else(|p| p.into_inner());
-                }
-            }
-            let mut buf = BytesMut::with_capacity(WARM_BUFFER);
-            // Writing every byte once makes the kernel map (and zero) the pages now.
-            buf.resize(WARM_BUFFER, 0);
-            buf.clear();
-            metrics::counter!("onceflow_broker_memlog_warm_buffers_total").increment(1);
-            self.ready
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(buf);
-        }
-    }
-
-    /// A ready buffer, or a fresh one when the thread has none ready (or is not running).
-    fn take() -> BytesMut {
-        let ready = Self::shared().and_then(|pool| {
-            let buf = pool.ready.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            pool.taken.notify_one();
-            buf
-        });
-        ready.unwrap_or_else(|| {
-            metrics::counter!("onceflow_broker_memlog_cold_buffers_total").increment(1);
-            BytesMut::with_capacity(WARM_BUFFER)
-        })
-    }
-}
+/// Appends of at least this many bytes (a produced batch of a log segment) go into pooled
+/// buffers from a file's start, or are kept as the caller's own bytes
+/// ([`BackendFile::append_shared`]); smaller ones grow a small file in proportion.
+const LARGE_APPEND: usize = 64 * 1024;
 
 /// A file's bytes as immutable chunks plus a growing tail. A read that reaches the tail
 /// freezes it (without copying) first, so reads hand out slices of the stored memory
@@ -139,10 +70,9 @@ struct Chunks {
 
 impl Chunks {
     fn from_slice(data: &[u8]) -> Chunks {
-        Chunks {
-            tail: BytesMut::from(data),
-            ..Chunks::default()
-        }
+        let mut c = Chunks::default();
+        c.tail = BytesMut::from(data);
+        c
     }
 
     fn len(&self) -> usize {
@@ -164,25 +94,41 @@ impl Chunks {
 
     fn extend_parts(&mut self, parts: &[&[u8]]) {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        if self.tail.capacity() - self.tail.len() < len && self.len() + len < WARM_BUFFER {
+        let small = len < LARGE_APPEND && self.len() + len < WARM_BUFFER;
+        if self.tail.capacity() - self.tail.len() < len && small {
             // Reserve in proportion to the file, so small files (indexes) stay small.
             let ahead = self.len().clamp(4096, MAX_TAIL_RESERVE);
             self.tail.reserve(len.max(ahead));
         }
-        // A large file fills its buffer to the end and goes on in the next (a read across
-        // the seam is copied, as for any read spanning two frozen pieces).
+        // A large file or append fills its buffer to the end and goes on in the next (a read
+        // across the seam is copied, as for any read spanning two frozen pieces).
         for part in parts {
             let mut rest = *part;
             while !rest.is_empty() {
                 let room = self.tail.capacity() - self.tail.len();
                 if room == 0 {
                     self.freeze_tail();
-                    self.tail = WarmPool::take();
+                    self.tail = bufpool::take();
                     continue;
                 }
                 let n = room.min(rest.len());
                 self.tail.extend_from_slice(&rest[..n]);
                 rest = &rest[n..];
+            }
+        }
+    }
+
+    /// Appends `parts`, keeping each large one as a piece of its own instead of copying it:
+    /// the caller's bytes (a produce request's batch) become the file's. Small parts are
+    /// copied into the tail as by [`Chunks::extend_parts`].
+    fn extend_shared(&mut self, parts: &[Bytes]) {
+        for part in parts {
+            if part.len() >= LARGE_APPEND {
+                self.freeze_tail();
+                self.frozen.push((self.tail_start, part.clone()));
+                self.tail_start += part.len();
+            } else {
+                self.extend(part);
             }
         }
     }
@@ -236,6 +182,28 @@ impl Chunks {
     fn prefix_vec(&mut self, len: usize) -> Vec<u8> {
         self.read(0, len).to_vec()
     }
+
+    /// Takes the file's buffers out for reuse: each allocation that no reader still shares,
+    /// once. Frozen pieces of one buffer share its allocation, so all but the last piece of
+    /// each fail to convert and are dropped, which leaves the last one the only handle.
+    fn reclaim(&mut self) -> Vec<BytesMut> {
+        let mut out: Vec<BytesMut> = self
+            .frozen
+            .drain(..)
+            .filter_map(|(_, piece)| piece.try_into_mut().ok())
+            .collect();
+        out.push(std::mem::take(&mut self.tail));
+        self.tail_start = 0;
+        out
+    }
+}
+
+impl Drop for Chunks {
+    fn drop(&mut self) {
+        for buf in self.reclaim() {
+            bufpool::give_back(buf);
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -278,6 +246,14 @@ impl BackendFile for MemFile {
         let mut d = self.lock();
         let pos = d.bytes.len() as u64;
         d.bytes.extend_parts(parts);
+        Ok(pos)
+    }
+
+    fn append_shared(&self, parts: &[Bytes]) -> io::Result<u64> {
+        self.faults.write()?;
+        let mut d = self.lock();
+        let pos = d.bytes.len() as u64;
+        d.bytes.extend_shared(parts);
         Ok(pos)
     }
 
@@ -588,6 +564,77 @@ mod tests {
         c.extend(b"after");
         flat.extend_from_slice(b"after");
         assert_eq!(c.prefix_vec(flat.len()), flat);
+    }
+
+    #[test]
+    fn large_shared_parts_are_kept_uncopied_and_read_back_with_the_copied_ones() {
+        let mut c = Chunks::default();
+        let mut flat: Vec<u8> = Vec::new();
+        let mut kept: Vec<(usize, Bytes)> = Vec::new();
+        for round in 0..12u32 {
+            // A batch as the log writes it: a fresh 8-byte offset, then the request's bytes.
+            let offset = Bytes::copy_from_slice(&u64::from(round).to_be_bytes());
+            let size = if round % 3 == 0 {
+                1000
+            } else {
+                100_000 + round as usize
+            };
+            let body: Bytes = (0..size).map(|i| (i as u8) ^ (round as u8)).collect();
+            let at = c.len() + 8;
+            c.extend_shared(&[offset.clone(), body.clone()]);
+            flat.extend_from_slice(&offset);
+            flat.extend_from_slice(&body);
+            if body.len() >= LARGE_APPEND {
+                kept.push((at, body));
+            }
+            // Reads across the seams, and within a kept part.
+            let len = flat.len();
+            for (a, b) in [(0, len), (len - size, len), (at - 8, at + 3), (at + 5, len)] {
+                assert_eq!(&c.read(a, b)[..], &flat[a..b], "{a}..{b}");
+            }
+        }
+        // A read within a kept part is the caller's memory itself.
+        for (at, body) in &kept {
+            let read = c.read(*at, *at + body.len());
+            assert_eq!(read.as_ptr(), body.as_ptr());
+        }
+        let cut = kept[2].0 + 50;
+        c.truncate(cut);
+        flat.truncate(cut);
+        c.extend_shared(&[Bytes::from_static(b"after")]);
+        flat.extend_from_slice(b"after");
+        assert_eq!(c.prefix_vec(flat.len()), flat);
+    }
+
+    #[test]
+    fn a_deleted_files_buffers_are_reclaimed_unless_a_reader_still_holds_them() {
+        let mut c = Chunks::default();
+        let mb: Vec<u8> = (0..1_000_000u32).map(|i| i as u8).collect();
+        // Ten 1 MB appends with reads in between (each read freezes a piece of the tail)
+        // fill two whole buffers and part of a third.
+        for _ in 0..10 {
+            c.extend(&mb);
+            let len = c.len();
+            let _ = c.read(len - 10, len);
+        }
+        assert_eq!(c.len(), 10_000_000);
+        // A reader still holds a slice of the first buffer: that one is not reclaimed.
+        let held = c.read(100, 200);
+        let starts: Vec<usize> = c.frozen.iter().map(|(_, b)| b.as_ptr() as usize).collect();
+        let reusable: Vec<BytesMut> = c
+            .reclaim()
+            .into_iter()
+            .filter_map(bufpool::reusable)
+            .collect();
+        // The second and third buffers come back, each through its last frozen piece, whole
+        // and empty, at the address of its first piece.
+        assert_eq!(reusable.len(), 2);
+        for buf in &reusable {
+            assert!(buf.is_empty() && buf.capacity() >= WARM_BUFFER);
+            assert!(starts.contains(&(buf.as_ptr() as usize)));
+        }
+        assert_eq!(&held[..], &mb[100..200]);
+        assert_eq!(c.len(), 0);
     }
 
     #[test]

@@ -366,7 +366,7 @@ impl Partition {
     /// Appends already validated batches (`batches` = positions and headers within `records`).
     fn append_validated(
         &self,
-        records: &[u8],
+        records: &Bytes,
         batches: &[(usize, BatchHeader)],
     ) -> Result<PendingAppend, AppendError> {
         let mut guard = self.lock();
@@ -422,17 +422,14 @@ impl Partition {
         }
         // The stored bytes are the producer's with each batch's baseOffset replaced (it is
         // outside the CRC): the log file gets the new offsets and the rest of each batch as
-        // pieces, so the records are copied once, into the log, and never re-encoded.
-        let offsets: Vec<[u8; 8]> = assigned
-            .iter()
-            .map(|h| h.base_offset.to_be_bytes())
-            .collect();
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * batches.len());
-        for (((pos, _), h), offset) in batches.iter().zip(&assigned).zip(&offsets) {
-            parts.push(offset);
-            parts.push(&records[*pos + 8..*pos + h.size]);
+        // pieces of the request's own buffer, so the records are never re-encoded, are
+        // copied at most once (into the file), and an in-memory file keeps them uncopied.
+        let mut parts: Vec<Bytes> = Vec::with_capacity(2 * batches.len());
+        for ((pos, _), h) in batches.iter().zip(&assigned) {
+            parts.push(Bytes::copy_from_slice(&h.base_offset.to_be_bytes()));
+            parts.push(records.slice(*pos + 8..*pos + h.size));
         }
-        let written: usize = parts.iter().map(|p| p.len()).sum();
+        let written: usize = parts.iter().map(Bytes::len).sum();
         let active_size = st.segments.last().map_or(0, Segment::size);
         if active_size > 0 && active_size + written as u64 > self.log_config().segment_bytes {
             if let Err(e) = self.roll(st) {
@@ -449,7 +446,7 @@ impl Partition {
             .into());
         };
         let old_size = active.size();
-        let start = match active.log.append_parts(&parts) {
+        let start = match active.log.append_shared(&parts) {
             Ok(pos) => pos,
             Err(e) => {
                 let err = self.io_err(&active.log_path, e);

@@ -37,7 +37,7 @@ pub fn encode(offset: i64, states: &ProducerStates) -> Vec<u8> {
             out.extend_from_slice(&b.last_offset.to_be_bytes());
         }
     }
-    let crc = crc32c::crc32c(&out);
+    let crc = crate::crc32c(&out);
     out.extend_from_slice(&crc.to_be_bytes());
     out
 }
@@ -74,7 +74,7 @@ pub fn decode(bytes: &[u8]) -> Result<(i64, ProducerStates), String> {
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     let stored = u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]);
-    if crc32c::crc32c(body) != stored {
+    if crate::crc32c(body) != stored {
         return Err("snapshot CRC mismatch".into());
     }
     let mut r = Reader { buf: body };

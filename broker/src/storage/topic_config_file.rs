@@ -26,7 +26,7 @@ pub fn encode(configs: &TopicConfigs) -> Vec<u8> {
             out.push_str(&format!("{topic} {} {}\n", escape(name), escape(value)));
         }
     }
-    let crc = crc32c::crc32c(out.as_bytes());
+    let crc = crate::crc32c(out.as_bytes());
     out.push_str(&format!("crc32c {crc:08x}\n"));
     out.into_bytes()
 }
@@ -44,7 +44,7 @@ pub fn decode(bytes: &[u8]) -> Result<TopicConfigs, String> {
         .filter(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
         .and_then(|h| u32::from_str_radix(h, 16).ok())
         .ok_or("checksum line is malformed")?;
-    let computed = crc32c::crc32c(body.as_bytes());
+    let computed = crate::crc32c(body.as_bytes());
     if computed != stored {
         return Err(format!(
             "checksum mismatch: stored {stored:08x}, computed {computed:08x}"

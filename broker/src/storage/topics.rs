@@ -50,7 +50,7 @@ pub fn encode_registry<'a>(topics: impl IntoIterator<Item = (&'a str, i32)>) -> 
     for (name, n) in sorted {
         out.push_str(&format!("{name} {n}\n"));
     }
-    let crc = crc32c::crc32c(out.as_bytes());
+    let crc = crate::crc32c(out.as_bytes());
     out.push_str(&format!("crc32c {crc:08x}\n"));
     out.into_bytes()
 }
@@ -71,7 +71,7 @@ pub fn decode_registry(
         .filter(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
         .and_then(|h| u32::from_str_radix(h, 16).ok())
         .ok_or("registry checksum line is malformed")?;
-    if crc32c::crc32c(body.as_bytes()) != stored {
+    if crate::crc32c(body.as_bytes()) != stored {
         return Err("registry checksum mismatch".into());
     }
     let mut lines = body.lines();

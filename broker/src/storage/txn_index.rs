@@ -49,7 +49,7 @@ impl AbortedTxn {
         out[8..16].copy_from_slice(&self.first_offset.to_be_bytes());
         out[16..24].copy_from_slice(&self.last_offset.to_be_bytes());
         out[24..32].copy_from_slice(&self.last_stable_offset.to_be_bytes());
-        let crc = crc32c::crc32c(&out[..32]);
+        let crc = crate::crc32c(&out[..32]);
         out[32..36].copy_from_slice(&crc.to_be_bytes());
         out
     }
@@ -61,7 +61,7 @@ impl AbortedTxn {
             i64::from_be_bytes(a)
         };
         let crc = u32::from_be_bytes([b[32], b[33], b[34], b[35]]);
-        (crc32c::crc32c(&b[..32]) == crc).then(|| AbortedTxn {
+        (crate::crc32c(&b[..32]) == crc).then(|| AbortedTxn {
             producer_id: at(0),
             first_offset: at(8),
             last_offset: at(16),

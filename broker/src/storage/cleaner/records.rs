@@ -209,7 +209,7 @@ pub fn rewrite(
     out[ATTRIBUTES_AT..ATTRIBUTES_AT + 2].copy_from_slice(&attributes.to_be_bytes());
     out[BASE_TIMESTAMP_AT..BASE_TIMESTAMP_AT + 8].copy_from_slice(&base_ts.to_be_bytes());
     out[RECORD_COUNT_AT..RECORD_COUNT_AT + 4].copy_from_slice(&(kept.len() as i32).to_be_bytes());
-    let crc = crc32c::crc32c(&out[ATTRIBUTES_AT..]);
+    let crc = crate::crc32c(&out[ATTRIBUTES_AT..]);
     out[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
     Ok(out)
 }
@@ -237,7 +237,7 @@ pub fn filler(base: i64, last: i64) -> BytesMut {
         out.put_i16(-1);
         out.put_i32(-1);
         out.put_i32(0);
-        let crc = crc32c::crc32c(&out[at + ATTRIBUTES_AT..]);
+        let crc = crate::crc32c(&out[at + ATTRIBUTES_AT..]);
         out[at + CRC_AT..at + CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
         from += i64::from(delta) + 1;
     }
