@@ -233,7 +233,7 @@ median() { tr ' ' '\n' | { grep -E '^[0-9]+$' || true; } | sort -n | awk '{a[NR]
 echo
 echo "records/s per run; median; MB/s of payload at the median; ratio = median / mock's median"
 echo "(machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); other processes may share it)"
-printf '%-28s %-12s %-32s %10s %8s %7s\n' case target runs median MB/s ratio
+printf '%-28s %-15s %-32s %10s %8s %7s\n' case target runs median MB/s ratio
 for case_ in "produce 100 B" "produce 1024 B" "fetch 1024 B"; do
     size=100
     [[ $case_ == *1024* ]] && size=1024
@@ -247,6 +247,6 @@ for case_ in "produce 100 B" "produce 1024 B" "fetch 1024 B"; do
         if [[ $mock_median != 0 ]]; then
             ratio=$(awk -v r="$m" -v b="$mock_median" 'BEGIN {printf "%.2fx", r / b}')
         fi
-        printf '%-28s %-12s %-32s %10s %8s %7s\n' "$case_" "$kind" "${runs# }" "$m" "$mbs" "$ratio"
+        printf '%-28s %-15s %-32s %10s %8s %7s\n' "$case_" "$kind" "${runs# }" "$m" "$mbs" "$ratio"
     done
 done
