@@ -424,9 +424,15 @@ impl Partition {
         // outside the CRC): the log file gets the new offsets and the rest of each batch as
         // pieces of the request's own buffer, so the records are never re-encoded, are
         // copied at most once (into the file), and an in-memory file keeps them uncopied.
+        let offsets = Bytes::from(
+            assigned
+                .iter()
+                .flat_map(|h| h.base_offset.to_be_bytes())
+                .collect::<Vec<u8>>(),
+        );
         let mut parts: Vec<Bytes> = Vec::with_capacity(2 * batches.len());
-        for ((pos, _), h) in batches.iter().zip(&assigned) {
-            parts.push(Bytes::copy_from_slice(&h.base_offset.to_be_bytes()));
+        for (i, ((pos, _), h)) in batches.iter().zip(&assigned).enumerate() {
+            parts.push(offsets.slice(8 * i..8 * i + 8));
             parts.push(records.slice(*pos + 8..*pos + h.size));
         }
         let written: usize = parts.iter().map(Bytes::len).sum();
