@@ -45,6 +45,10 @@ fn arg(name: &str) -> Option<String> {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stdout())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
