@@ -1,13 +1,14 @@
 //! The two-phase-commit KafkaSink against the in-process broker: pre-committed output is
 //! invisible to read_committed until commit; recovery commits a crashed sink's pre-committed
 //! transaction exactly once (also when recovery runs twice); recovery of an aborted
-//! transaction fails loudly naming the checkpoint; a too short transaction timeout is refused.
+//! transaction fails loudly naming the checkpoint; a too short transaction timeout is refused;
+//! the next checkpoint's records are written while a pre-commit drains.
 
 use std::time::Duration;
 
 use onceflow_connectors::kafka::security::ClientSecurity;
 use onceflow_connectors::kafka::{committer, KafkaPending, KafkaSink, KafkaSinkConfig, SinkRecord};
-use onceflow_runtime::{Sink, SinkFactory};
+use onceflow_runtime::{PreCommit, Sink, SinkFactory};
 use onceflow_testkit::clients::read_committed_values;
 use onceflow_testkit::inproc::{start_broker, subtask_info};
 
@@ -61,6 +62,71 @@ async fn invisible_until_commit() {
     let p2 = w.pre_commit(2).await.expect("pre_commit").expect("pending");
     w.commit(2, p2).await.expect("commit");
     assert_eq!(read_committed_values(&brokers, "out1").len(), 60);
+    b.shutdown().await;
+}
+
+fn txn_of(p: &KafkaPending) -> onceflow_connectors::kafka::sink::TxnHandle {
+    let KafkaPending::TwoPhase(tp) = p else {
+        panic!("mode")
+    };
+    tp.txn.clone().expect("a transaction")
+}
+
+fn values(from: usize, n: usize) -> Vec<String> {
+    (from..from + n).map(|i| format!("r{i}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_records_are_written_while_a_pre_commit_drains() {
+    let b = start_broker(2).await;
+    let brokers = b.bootstrap_servers();
+    let factory = sink(&brokers, "out-drain", "td");
+    let mut w = factory.create(&subtask_info(0, 1, 0)).expect("create");
+    w.recover(Vec::new()).await.expect("recover");
+    // nothing written: nothing to drain, no transaction to name
+    match w.start_pre_commit(1).await.expect("start 1") {
+        PreCommit::Done(Some(KafkaPending::TwoPhase(tp))) => assert!(tp.txn.is_none(), "{tp:?}"),
+        other => panic!("an empty pre-commit finishes at once: {other:?}"),
+    }
+    w.write_batch(records(0, 500)).await.expect("write");
+    let PreCommit::Flushing(done) = w.start_pre_commit(2).await.expect("start 2") else {
+        panic!("a pre-commit with records drains in the background");
+    };
+    // written while checkpoint 2's transaction drains: the next transaction's records
+    w.write_batch(records(500, 100)).await.expect("write while draining");
+    done.await;
+    let p2 = w
+        .finish_pre_commit(2)
+        .await
+        .expect("finish 2")
+        .expect("pending");
+    let t2 = txn_of(&p2);
+    assert_eq!(t2.records, 500);
+    let PreCommit::Flushing(done) = w.start_pre_commit(3).await.expect("start 3") else {
+        panic!("records were written since checkpoint 2");
+    };
+    w.commit(2, p2).await.expect("commit 2");
+    let mut seen = read_committed_values(&brokers, "out-drain");
+    seen.sort();
+    let mut want = values(0, 500);
+    want.sort();
+    assert_eq!(seen, want, "exactly checkpoint 2's records");
+    done.await;
+    let p3 = w
+        .finish_pre_commit(3)
+        .await
+        .expect("finish 3")
+        .expect("pending");
+    let t3 = txn_of(&p3);
+    assert_eq!(t3.records, 100);
+    assert_ne!(t3.transactional_id, t2.transactional_id, "another slot of the ring");
+    w.commit(3, p3).await.expect("commit 3");
+    // the last commit has no next transaction to overlap with: done when commit returns
+    let mut seen = read_committed_values(&brokers, "out-drain");
+    seen.sort();
+    let mut want = values(0, 600);
+    want.sort();
+    assert_eq!(seen, want, "every record once");
     b.shutdown().await;
 }
 

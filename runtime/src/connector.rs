@@ -3,15 +3,20 @@
 //!
 //! The runtime calls a sink in this order: `recover(pending of the restored checkpoint)`
 //! before any record flows; then `write_batch` for records; `pre_commit(n)` when barrier n
-//! reaches the sink (its result is stored in checkpoint n); `commit(n, pending)` once
+//! reaches the sink (its result is stored in checkpoint n; a sink may split it into
+//! `start_pre_commit(n)` and `finish_pre_commit(n)` to write the next records while it
+//! flushes); `commit(n, pending)` once
 //! checkpoint n is complete (durable), possibly again after a crash (must be idempotent);
 //! `abort(pending)` for pre-commits that no complete checkpoint will ever cover.
 
 use async_trait::async_trait;
 use serde::{de::DeserializeOwned, Serialize};
 
+use std::future::Future;
+use std::pin::Pin;
+
 use crate::element::CheckpointId;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Identity of a subtask, given to factories and operators.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,11 +129,62 @@ pub trait Sink<T>: Send + 'static {
     /// checkpoint, not the job: the sink must keep the data for the next pre-commit.
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<Option<Self::Pending>>;
 
+    /// Barrier `checkpoint` arrived: start the pre-commit, and either finish it here
+    /// ([`PreCommit::Done`], what [`Sink::pre_commit`] returns: the default) or leave its
+    /// flush running ([`PreCommit::Flushing`]) so that the records of the next checkpoint are
+    /// written while it runs. A sink whose pre-commit waits on I/O (a Kafka producer's
+    /// delivery reports) overrides this and [`Sink::finish_pre_commit`].
+    ///
+    /// While a pre-commit is flushing, the runtime goes on calling `write_batch` (those
+    /// records belong to the next checkpoint) and `commit` for earlier checkpoints; once the
+    /// future resolves it calls `finish_pre_commit(checkpoint)`, and only then stores and
+    /// acknowledges checkpoint `checkpoint`. The next barrier, and the end of the input, wait
+    /// for the flush first, so at most one pre-commit is flushing at a time and checkpoints
+    /// are acknowledged in order. An error fails this checkpoint, as for `pre_commit`.
+    async fn start_pre_commit(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> Result<PreCommit<Self::Pending>> {
+        self.pre_commit(checkpoint).await.map(PreCommit::Done)
+    }
+
+    /// Ends the pre-commit that [`Sink::start_pre_commit`] left flushing, after its future
+    /// resolved: what commit needs (`None` if nothing was written). An error fails checkpoint
+    /// `checkpoint`; since the next checkpoint's records went elsewhere meanwhile, a sink that
+    /// cannot keep the flushed records for a later pre-commit returns [`Error::Fatal`].
+    async fn finish_pre_commit(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> Result<Option<Self::Pending>> {
+        Err(Error::Internal(format!(
+            "the sink left pre-commit {checkpoint} flushing but does not implement finish_pre_commit"
+        )))
+    }
+
     /// Checkpoint `checkpoint` is complete: publish `pending`. Must be idempotent.
     async fn commit(&mut self, checkpoint: CheckpointId, pending: Self::Pending) -> Result<()>;
 
     /// Discards a pre-commit that no complete checkpoint covers.
     async fn abort(&mut self, pending: Self::Pending) -> Result<()>;
+}
+
+/// How [`Sink::start_pre_commit`] left a pre-commit.
+pub enum PreCommit<P> {
+    /// Finished: what commit needs, `None` if nothing was written since the last one.
+    Done(Option<P>),
+    /// Its flush runs in the background; the future resolves when it ended, successfully or
+    /// not, and the runtime then calls [`Sink::finish_pre_commit`]. The future must not need
+    /// the sink to make progress (it is polled while the sink writes the next records).
+    Flushing(Pin<Box<dyn Future<Output = ()> + Send>>),
+}
+
+impl<P: std::fmt::Debug> std::fmt::Debug for PreCommit<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PreCommit::Done(p) => f.debug_tuple("Done").field(p).finish(),
+            PreCommit::Flushing(_) => f.write_str("Flushing"),
+        }
+    }
 }
 
 /// Creates the sink subtasks of a node.

@@ -27,7 +27,7 @@ pub mod watermark;
 
 pub use cli::JobArgs;
 pub use config::{CheckpointEvent, CompletionHook, JobConfig, RestoreMode};
-pub use connector::{Sink, SinkFactory, Source, SourceFactory, SourcePoll, SubtaskInfo};
+pub use connector::{PreCommit, Sink, SinkFactory, Source, SourceFactory, SourcePoll, SubtaskInfo};
 pub use element::{Barrier, CheckpointId, Data, Key, StreamElement, TwoInputs, Watermark};
 pub use error::{Error, Fault, Result};
 pub use execute::JobResult;

@@ -1,11 +1,17 @@
 //! The loop of a sink subtask: write records, pre-commit at barriers (keeping every
 //! pre-commit that is not yet committed in the snapshot), commit once the coordinator
 //! reports a checkpoint complete, and wait for the final checkpoint's commit at the end.
+//!
+//! A sink may leave a pre-commit flushing ([`PreCommit::Flushing`]): the loop then goes on
+//! writing the next records and acknowledges the checkpoint when the flush ends; the next
+//! barrier and the end of the input wait for it first.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Instant;
 
 use crate::channel::{GateEvent, InputGate};
-use crate::connector::Sink;
+use crate::connector::{PreCommit, Sink};
 use crate::element::{CheckpointId, Data};
 use crate::state::format::encode;
 use crate::task::TaskContext;
@@ -64,6 +70,59 @@ fn fatal_only(r: Result<()>) -> Result<()> {
     }
 }
 
+/// A pre-commit whose flush runs while the sink writes the next checkpoint's records.
+struct Flushing {
+    checkpoint: CheckpointId,
+    done: Pin<Box<dyn Future<Output = ()> + Send>>,
+    started: Instant,
+}
+
+/// Keeps a pre-commit's result among the pending commits and stores and acknowledges its
+/// checkpoint with every pre-commit not yet committed. A fatal error fails the job; any
+/// other fails only the checkpoint.
+fn store_pre_commit<P: Clone + serde::Serialize>(
+    pending: &mut PendingCommits<P>,
+    id: CheckpointId,
+    result: Result<Option<P>>,
+    ctx: &TaskContext,
+) -> Result<()> {
+    let snap = match result {
+        Ok(p) => {
+            if let Some(p) = p {
+                pending.list.push((id, p));
+            }
+            pending.encoded().map(|list| {
+                let mut s = ctx.snapshot_for(id);
+                s.pending_commits = list;
+                s
+            })
+        }
+        Err(e @ Error::Fatal(_)) => return Err(e),
+        Err(e) => Err(e),
+    };
+    ctx.persist_and_ack(id, snap);
+    Ok(())
+}
+
+/// Finishes a pre-commit whose flush ended (`f.done` resolved; it must not be polled
+/// again) and acknowledges its checkpoint.
+async fn finish_flushed<T, S: Sink<T>>(
+    sink: &mut S,
+    pending: &mut PendingCommits<S::Pending>,
+    f: Flushing,
+    ctx: &TaskContext,
+) -> Result<()> {
+    let result = sink.finish_pre_commit(f.checkpoint).await;
+    tracing::trace!(
+        checkpoint = f.checkpoint,
+        subtask = ctx.info.index,
+        flush_ms = f.started.elapsed().as_secs_f64() * 1e3,
+        ok = result.is_ok(),
+        "pre-commit flushed"
+    );
+    store_pre_commit(pending, f.checkpoint, result, ctx)
+}
+
 pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
     mut sink: S,
     mut gate: InputGate<T>,
@@ -72,6 +131,7 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
     let mut pending = PendingCommits::<S::Pending> { list: Vec::new() };
     let mut progress = ctx.services.progress.clone();
     let mut progress_open = true;
+    let mut flushing: Option<Flushing> = None;
     loop {
         if progress_open && progress.has_changed().unwrap_or(false) {
             let p = *progress.borrow_and_update();
@@ -92,6 +152,11 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
                 }
                 continue;
             }
+            _ = async { flushing.as_mut().expect("guarded by the branch condition").done.as_mut().await }, if flushing.is_some() => {
+                let f = flushing.take().expect("guarded by the branch condition");
+                finish_flushed(&mut sink, &mut pending, f, &ctx).await?;
+                continue;
+            }
             ev = gate.next() => ev?,
         };
         match ev {
@@ -105,24 +170,30 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
             GateEvent::Barrier { barrier, alignment } => {
                 ctx.metrics.alignment.record(alignment.as_secs_f64());
                 let id = barrier.checkpoint_id;
-                let snap = match sink.pre_commit(id).await {
-                    Ok(p) => {
-                        if let Some(p) = p {
-                            pending.list.push((id, p));
-                        }
-                        pending.encoded().map(|list| {
-                            let mut s = ctx.snapshot_for(id);
-                            s.pending_commits = list;
-                            s
-                        })
+                // checkpoints are acknowledged in order: the previous flush ends first
+                if let Some(mut f) = flushing.take() {
+                    f.done.as_mut().await;
+                    finish_flushed(&mut sink, &mut pending, f, &ctx).await?;
+                }
+                match sink.start_pre_commit(id).await {
+                    Ok(PreCommit::Flushing(done)) => {
+                        tracing::trace!(checkpoint = id, subtask = ctx.info.index, "pre-commit flushing while the next records are written");
+                        flushing = Some(Flushing {
+                            checkpoint: id,
+                            done,
+                            started: Instant::now(),
+                        });
                     }
-                    Err(e @ Error::Fatal(_)) => return Err(e),
-                    Err(e) => Err(e),
-                };
-                ctx.persist_and_ack(id, snap);
+                    Ok(PreCommit::Done(p)) => store_pre_commit(&mut pending, id, Ok(p), &ctx)?,
+                    Err(e) => store_pre_commit(&mut pending, id, Err(e), &ctx)?,
+                }
             }
             GateEvent::End => break,
         }
+    }
+    if let Some(mut f) = flushing.take() {
+        f.done.as_mut().await;
+        finish_flushed(&mut sink, &mut pending, f, &ctx).await?;
     }
     // Input ended after the final barrier: wait until it is complete, then commit.
     let last_barrier = pending.list.last().map(|(id, _)| *id).unwrap_or(0);

@@ -11,7 +11,7 @@ mod two_phase;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use onceflow_runtime::{async_trait, CheckpointId, Sink, SinkFactory, SubtaskInfo};
+use onceflow_runtime::{async_trait, CheckpointId, PreCommit, Sink, SinkFactory, SubtaskInfo};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
@@ -267,6 +267,34 @@ impl Sink<SinkRecord> for KafkaSinkWriter {
         // a two-phase pre-commit first finishes the commits still in flight
         self.report_confirmed();
         r
+    }
+
+    async fn start_pre_commit(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> onceflow_runtime::Result<PreCommit<KafkaPending>> {
+        let WriterKind::TwoPhase(w) = &mut self.inner else {
+            return self.pre_commit(checkpoint).await.map(PreCommit::Done);
+        };
+        let span = tracing::debug_span!("kafka_pre_commit", checkpoint, subtask = self.subtask);
+        let r = w.start_pre_commit(checkpoint).instrument(span).await;
+        // it first finishes the commits still in flight
+        self.report_confirmed();
+        r
+    }
+
+    async fn finish_pre_commit(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> onceflow_runtime::Result<Option<KafkaPending>> {
+        let WriterKind::TwoPhase(w) = &mut self.inner else {
+            return Err(onceflow_runtime::Error::Internal(
+                "only a two-phase-commit sink leaves its pre-commit draining".into(),
+            ));
+        };
+        let span =
+            tracing::debug_span!("kafka_finish_pre_commit", checkpoint, subtask = self.subtask);
+        w.finish_pre_commit(checkpoint).instrument(span).await.map(Some)
     }
 
     async fn commit(

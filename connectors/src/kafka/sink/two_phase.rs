@@ -1,8 +1,13 @@
 //! Two-phase commit: one transaction per sink subtask per checkpoint on a ring of
 //! transactional ids `{prefix}-{subtask}-{slot}`.
 //!
-//! pre_commit(n) drains delivery reports, records (transactional id, producer id, epoch) and
-//! begins the next transaction on a free slot; commit(n) commits on the live producer.
+//! pre_commit(n) seals the open transaction and begins the next one on a free slot at once;
+//! the sealed transaction's delivery reports drain on a blocking thread meanwhile
+//! (`PreCommit::Flushing`), and the runtime acknowledges checkpoint n only after the drain
+//! ended and finish_pre_commit(n) recorded (transactional id, producer id, epoch). So the
+//! records of n+1 are written while n's are still in flight. A failed drain fails the job
+//! (n+1's records are already elsewhere, so n cannot be pre-committed again); its
+//! transaction is aborted by the restart's fencing. commit(n) commits on the live producer.
 //! A slot whose transaction was committed at completion k is reused (same epoch) only after
 //! a later checkpoint completed: until then the latest complete checkpoint may still name
 //! that transaction, and a recovery EndTxn with the same epoch would commit the slot's new
@@ -33,7 +38,8 @@
 
 use std::time::{Duration, Instant};
 
-use onceflow_runtime::{CheckpointId, SubtaskInfo};
+use futures::FutureExt;
+use onceflow_runtime::{CheckpointId, PreCommit, SubtaskInfo};
 use rdkafka::producer::Producer;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -82,6 +88,14 @@ enum SlotState {
     Fresh,
     /// Holds the open transaction.
     Open { since: Instant, records: u64 },
+    /// Sealed at this checkpoint; its delivery reports drain on a blocking thread while the
+    /// next transaction is written.
+    Flushing {
+        checkpoint: CheckpointId,
+        since: Instant,
+        records: u64,
+        drain: Drain,
+    },
     /// Pre-committed at this checkpoint.
     Sealed {
         checkpoint: CheckpointId,
@@ -111,6 +125,10 @@ struct InFlight {
         Duration,
     )>,
 }
+
+/// The drain of a sealed transaction: resolves when every record of it was delivered (or
+/// with why not). Shared, so that the runtime can wait for it while the slot keeps it.
+type Drain = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), String>>>;
 
 /// A transactional producer with the producer id and epoch init_transactions gave it.
 type Made = (Arc<Prod>, Ctx, (i64, i16));
@@ -428,58 +446,133 @@ impl TwoPhaseWriter {
         Ok(())
     }
 
+    /// Pre-commits checkpoint `checkpoint` and waits for it: [`Self::start_pre_commit`],
+    /// then [`Self::finish_pre_commit`] once the drain ended.
     pub(crate) async fn pre_commit(
         &mut self,
         checkpoint: CheckpointId,
     ) -> onceflow_runtime::Result<KafkaPending> {
+        match self.start_pre_commit(checkpoint).await? {
+            PreCommit::Done(p) => p.ok_or_else(|| {
+                onceflow_runtime::Error::Internal("two-phase pre-commit without a pending".into())
+            }),
+            PreCommit::Flushing(done) => {
+                done.await;
+                self.finish_pre_commit(checkpoint).await
+            }
+        }
+    }
+
+    fn pending(&self, checkpoint: CheckpointId, txn: Option<TxnHandle>) -> KafkaPending {
+        KafkaPending::TwoPhase(TwoPhasePending {
+            checkpoint,
+            subtask: self.subtask,
+            parallelism: self.parallelism,
+            ring_slots: self.slots.len(),
+            txn,
+        })
+    }
+
+    /// Seals the open transaction for checkpoint `checkpoint`, starts draining its delivery
+    /// reports on a blocking thread and opens the next transaction on a free slot, so the
+    /// next checkpoint's records are written while the drain runs (see the module
+    /// documentation). An empty transaction is not sealed: it stays open for the next one.
+    pub(crate) async fn start_pre_commit(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> onceflow_runtime::Result<PreCommit<KafkaPending>> {
         self.check_fatal()?;
         // no checkpoint may complete while an earlier one's transaction is uncommitted
         self.finish_in_flight().await?;
         // retry commits of complete checkpoints that failed before
         self.retry_commits().await?;
-        let (subtask, parallelism) = (self.subtask, self.parallelism);
-        let pending = move |txn, ring| {
-            KafkaPending::TwoPhase(TwoPhasePending {
-                checkpoint,
-                subtask,
-                parallelism,
-                ring_slots: ring,
-                txn,
-            })
-        };
         let Some(i) = self.current else {
             return Err(onceflow_runtime::Error::Internal(
                 "kafka sink has no open transaction".into(),
             ));
         };
-        let records = match self.slots[i].state {
-            SlotState::Open { records, .. } => records,
-            _ => 0,
+        let (records, since) = match self.slots[i].state {
+            SlotState::Open { records, since } => (records, since),
+            _ => (0, Instant::now()),
         };
         if records == 0 {
-            return Ok(pending(None, self.slots.len()));
+            return Ok(PreCommit::Done(Some(self.pending(checkpoint, None))));
         }
         let slot = &mut self.slots[i];
-        let Some((p, ctx, ids)) = slot.producer.clone() else {
+        let Some((p, _, _)) = slot.producer.clone() else {
             return Err(onceflow_runtime::Error::Internal(
                 "open slot without producer".into(),
             ));
         };
-        let p2 = p.clone();
         let t0 = Instant::now();
-        blocking(move || producer::drain(&p2, TXN_CALL_TIMEOUT)).await??;
-        metrics::histogram!(m::PRE_COMMIT_DRAIN_SECONDS).record(t0.elapsed().as_secs_f64());
-        if let Some(e) = producer::take_delivery_error(&ctx) {
-            let msg = format!("delivery failed in transaction {}: {e}", slot.id);
+        let drain: Drain = tokio::task::spawn_blocking(move || {
+            let r = producer::drain(&p, TXN_CALL_TIMEOUT).map_err(|e| e.to_string());
+            metrics::histogram!(m::PRE_COMMIT_DRAIN_SECONDS).record(t0.elapsed().as_secs_f64());
+            r
+        })
+        .map(|joined| joined.unwrap_or_else(|e| Err(format!("the drain thread panicked: {e}"))))
+        .boxed()
+        .shared();
+        slot.state = SlotState::Flushing {
+            checkpoint,
+            since,
+            records,
+            drain: drain.clone(),
+        };
+        tracing::debug!(checkpoint, transactional_id = %slot.id, records, "sealed; draining while the next transaction opens");
+        let next = self.free_slot();
+        self.open(next).await?;
+        Ok(PreCommit::Flushing(Box::pin(drain.map(|_| ()))))
+    }
+
+    /// Ends the pre-commit of checkpoint `checkpoint` after its drain: checks its delivery
+    /// reports and records (transactional id, producer id, epoch). A failed drain fails the
+    /// job ([`onceflow_runtime::Error::Fatal`]): the next checkpoint's records already go to
+    /// another transaction, so this one cannot be pre-committed again; no complete checkpoint
+    /// names it, and the restart's recovery aborts it while its input is read again.
+    pub(crate) async fn finish_pre_commit(
+        &mut self,
+        checkpoint: CheckpointId,
+    ) -> onceflow_runtime::Result<KafkaPending> {
+        let Some((i, since, records, drain)) =
+            self.slots
+                .iter()
+                .enumerate()
+                .find_map(|(i, s)| match &s.state {
+                    SlotState::Flushing {
+                        checkpoint: c,
+                        since,
+                        records,
+                        drain,
+                    } if *c == checkpoint => Some((i, *since, *records, drain.clone())),
+                    _ => None,
+                })
+        else {
+            return Err(onceflow_runtime::Error::Internal(format!(
+                "no transaction of checkpoint {checkpoint} is draining"
+            )));
+        };
+        let outcome = drain.await;
+        let slot = &mut self.slots[i];
+        let Some((_, ctx, ids)) = &slot.producer else {
+            return Err(onceflow_runtime::Error::Internal(
+                "draining slot without producer".into(),
+            ));
+        };
+        let failure = match outcome {
+            Err(e) => Some(format!(
+                "draining transaction {} of checkpoint {checkpoint} failed: {e}",
+                slot.id
+            )),
+            Ok(()) => producer::take_delivery_error(ctx)
+                .map(|e| format!("delivery failed in transaction {}: {e}", slot.id)),
+        };
+        if let Some(msg) = failure {
             self.fatal = Some(msg.clone());
-            return Err(KafkaError::Protocol(msg).into());
+            return Err(onceflow_runtime::Error::Fatal(msg));
         }
         // the statistics may have seen an epoch bump since init (KIP-360 recovery)
-        let (pid, epoch) = (*ctx.0.eos.lock()).unwrap_or(ids);
-        let since = match slot.state {
-            SlotState::Open { since, .. } => since,
-            _ => Instant::now(),
-        };
+        let (pid, epoch) = (*ctx.0.eos.lock()).unwrap_or(*ids);
         let handle = TxnHandle {
             transactional_id: slot.id.clone(),
             producer_id: pid,
@@ -492,9 +585,7 @@ impl TwoPhaseWriter {
             since,
         };
         tracing::debug!(checkpoint, transactional_id = %handle.transactional_id, producer_id = pid, epoch, records, "pre-committed");
-        let next = self.free_slot();
-        self.open(next).await?;
-        Ok(pending(Some(handle), self.slots.len()))
+        Ok(self.pending(checkpoint, Some(handle)))
     }
 
     async fn retry_commits(&mut self) -> onceflow_runtime::Result<()> {
