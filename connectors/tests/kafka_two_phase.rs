@@ -72,6 +72,19 @@ fn txn_of(p: &KafkaPending) -> onceflow_connectors::kafka::sink::TxnHandle {
     tp.txn.clone().expect("a transaction")
 }
 
+/// Records of one key (`i % 3`) are in one partition: read in offset order, their numbers
+/// must rise (the next transaction's records never overtake a draining one's).
+fn assert_in_key_order(seen: &[String]) {
+    let mut last: [Option<usize>; 3] = [None; 3];
+    for v in seen {
+        let i: usize = v[1..].parse().expect("r<number>");
+        if let Some(prev) = last[i % 3] {
+            assert!(prev < i, "key k{}: r{i} after r{prev}", i % 3);
+        }
+        last[i % 3] = Some(i);
+    }
+}
+
 fn values(from: usize, n: usize) -> Vec<String> {
     (from..from + n).map(|i| format!("r{i}")).collect()
 }
@@ -122,7 +135,9 @@ async fn the_next_records_are_written_while_a_pre_commit_drains() {
     assert_ne!(t3.transactional_id, t2.transactional_id, "another slot of the ring");
     w.commit(3, p3).await.expect("commit 3");
     // the last commit has no next transaction to overlap with: done when commit returns
-    let mut seen = read_committed_values(&brokers, "out-drain");
+    let seen = read_committed_values(&brokers, "out-drain");
+    assert_in_key_order(&seen);
+    let mut seen = seen;
     seen.sort();
     let mut want = values(0, 600);
     want.sort();

@@ -4,9 +4,13 @@
 //! pre_commit(n) seals the open transaction and begins the next one on a free slot at once;
 //! the sealed transaction's delivery reports drain on a blocking thread meanwhile
 //! (`PreCommit::Flushing`), and the runtime acknowledges checkpoint n only after the drain
-//! ended and finish_pre_commit(n) recorded (transactional id, producer id, epoch). So the
-//! records of n+1 are written while n's are still in flight. A failed drain fails the job
-//! (n+1's records are already elsewhere, so n cannot be pre-committed again); its
+//! ended and finish_pre_commit(n) recorded (transactional id, producer id, epoch). The
+//! records of n+1 that arrive during the drain are held back in memory (up to
+//! `HOLD_LIMIT`; a write beyond waits) and handed to the next producer only once the drain
+//! ended: two producers sending to one partition at once could put n+1's records in the log
+//! before n's, and a key's output would go out of order. So the pipeline upstream keeps
+//! running through the drain, and the log keeps the order of the input. A failed drain fails
+//! the job (n+1's records are already elsewhere, so n cannot be pre-committed again); its
 //! transaction is aborted by the restart's fencing. commit(n) commits on the live producer.
 //! A slot whose transaction was committed at completion k is reused (same epoch) only after
 //! a later checkpoint completed: until then the latest complete checkpoint may still name
@@ -156,7 +160,15 @@ pub struct TwoPhaseWriter {
     in_flight: Vec<InFlight>,
     /// Checkpoints whose commit succeeded since the last [`Self::take_confirmed`].
     confirmed: Vec<CheckpointId>,
+    /// The drain of the transaction sealed last, until its pre-commit finished.
+    draining: Option<Drain>,
+    /// Records of the open transaction held back while the previous one drains (see the
+    /// module documentation).
+    held: Vec<SinkRecord>,
 }
+
+/// At most this many records are held back during a drain; a write beyond waits for it.
+const HOLD_LIMIT: usize = 20_000;
 
 fn txn_id(prefix: &str, subtask: usize, slot: usize) -> String {
     format!("{prefix}-{subtask}-{slot}")
@@ -193,6 +205,8 @@ impl TwoPhaseWriter {
             recovered_ids: sink.recovered_ids.clone(),
             in_flight: Vec::new(),
             confirmed: Vec::new(),
+            draining: None,
+            held: Vec::new(),
         }
     }
 
@@ -416,6 +430,34 @@ impl TwoPhaseWriter {
         records: Vec<SinkRecord>,
     ) -> onceflow_runtime::Result<()> {
         self.check_fatal()?;
+        if let Some(drain) = &self.draining {
+            if drain.peek().is_none() {
+                if self.held.len() + records.len() <= HOLD_LIMIT {
+                    self.held.extend(records);
+                    return Ok(());
+                }
+                let drain = drain.clone();
+                let t0 = Instant::now();
+                let _ = drain.await;
+                tracing::debug!(
+                    held = self.held.len(),
+                    waited_ms = t0.elapsed().as_millis() as u64,
+                    "held-back records reached the limit: waited for the drain"
+                );
+            }
+            // the sealed transaction's records are all delivered (or it failed, and its
+            // pre-commit fails the job): the held records may follow them now
+            let held = std::mem::take(&mut self.held);
+            self.send_open(held)?;
+        }
+        self.send_open(records)
+    }
+
+    /// Hands records to the open transaction's producer.
+    fn send_open(&mut self, records: Vec<SinkRecord>) -> onceflow_runtime::Result<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
         let Some(i) = self.current else {
             return Err(onceflow_runtime::Error::Internal(
                 "kafka sink has no open transaction".into(),
@@ -482,6 +524,11 @@ impl TwoPhaseWriter {
         checkpoint: CheckpointId,
     ) -> onceflow_runtime::Result<PreCommit<KafkaPending>> {
         self.check_fatal()?;
+        if self.draining.is_some() {
+            return Err(onceflow_runtime::Error::Internal(format!(
+                "pre-commit {checkpoint} started before the previous one finished"
+            )));
+        }
         // no checkpoint may complete while an earlier one's transaction is uncommitted
         self.finish_in_flight().await?;
         // retry commits of complete checkpoints that failed before
@@ -519,6 +566,7 @@ impl TwoPhaseWriter {
             records,
             drain: drain.clone(),
         };
+        self.draining = Some(drain.clone());
         tracing::debug!(checkpoint, transactional_id = %slot.id, records, "sealed; draining while the next transaction opens");
         let next = self.free_slot();
         self.open(next).await?;
@@ -553,6 +601,7 @@ impl TwoPhaseWriter {
             )));
         };
         let outcome = drain.await;
+        self.draining = None;
         let slot = &mut self.slots[i];
         let Some((_, ctx, ids)) = &slot.producer else {
             return Err(onceflow_runtime::Error::Internal(
@@ -585,6 +634,8 @@ impl TwoPhaseWriter {
             since,
         };
         tracing::debug!(checkpoint, transactional_id = %handle.transactional_id, producer_id = pid, epoch, records, "pre-committed");
+        let held = std::mem::take(&mut self.held);
+        self.send_open(held)?;
         Ok(self.pending(checkpoint, Some(handle)))
     }
 
@@ -661,9 +712,10 @@ impl TwoPhaseWriter {
     /// Starts the commit of the slot sealed at `checkpoint` on a blocking thread if the open
     /// transaction holds records to overlap with; false if it did not start one.
     fn start_commit(&mut self, checkpoint: CheckpointId) -> bool {
-        let open_has_records = self.current.is_some_and(
-            |i| matches!(self.slots[i].state, SlotState::Open { records, .. } if records > 0),
-        );
+        let open_has_records = !self.held.is_empty()
+            || self.current.is_some_and(
+                |i| matches!(self.slots[i].state, SlotState::Open { records, .. } if records > 0),
+            );
         if !open_has_records {
             return false;
         }
