@@ -106,7 +106,9 @@ async fn the_next_records_are_written_while_a_pre_commit_drains() {
         panic!("a pre-commit with records drains in the background");
     };
     // written while checkpoint 2's transaction drains: the next transaction's records
-    w.write_batch(records(500, 100)).await.expect("write while draining");
+    w.write_batch(records(500, 100))
+        .await
+        .expect("write while draining");
     done.await;
     let p2 = w
         .finish_pre_commit(2)
@@ -132,7 +134,10 @@ async fn the_next_records_are_written_while_a_pre_commit_drains() {
         .expect("pending");
     let t3 = txn_of(&p3);
     assert_eq!(t3.records, 100);
-    assert_ne!(t3.transactional_id, t2.transactional_id, "another slot of the ring");
+    assert_ne!(
+        t3.transactional_id, t2.transactional_id,
+        "another slot of the ring"
+    );
     w.commit(3, p3).await.expect("commit 3");
     // the last commit has no next transaction to overlap with: done when commit returns
     let seen = read_committed_values(&brokers, "out-drain");

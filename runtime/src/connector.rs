@@ -117,8 +117,9 @@ pub trait Sink<T>: Send + 'static {
 
     /// Finishes the previous run: commit every `pending` (they belong to the restored, complete
     /// checkpoint) and clean up anything else a previous run left open. Subtask 0 receives the
-    /// pending commits of every old subtask, the other subtasks an empty list; all recoveries
-    /// finish before any record flows.
+    /// pending commits of every old subtask, the other subtasks an empty list; subtask 0's
+    /// recovery finishes before the others start theirs (which then run concurrently), and
+    /// all recoveries finish before any record flows.
     async fn recover(&mut self, pending: Vec<Self::Pending>) -> Result<()>;
 
     /// Writes records (they become visible only after commit for exactly-once sinks).

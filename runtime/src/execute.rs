@@ -202,6 +202,7 @@ impl StreamEnvironment {
         for (ni, node) in nodes.iter().enumerate() {
             let node_inputs = std::mem::take(&mut inputs[ni]);
             let node_outputs = std::mem::take(&mut outputs[ni]);
+            let mut setups = Vec::with_capacity(node.parallelism);
             for (index, (ins, outs)) in node_inputs.into_iter().zip(node_outputs).enumerate() {
                 let range = KeyGroupRange::for_subtask(max, node.parallelism, index);
                 let control = if node.kind == NodeKind::Source {
@@ -229,8 +230,24 @@ impl StreamEnvironment {
                     services: services.clone(),
                     control,
                 };
-                let run = node.runner.prepare(setup).await?;
-                runs.push((format!("{}#{index}", node.name), run));
+                setups.push(setup);
+            }
+            // Subtask 0 first: a sink's subtask 0 recovers the previous run's pre-commits and
+            // fences its transactional ids before any other subtask may start a producer.
+            // The others then together: each may wait on I/O (a transactional producer's
+            // set-up takes 100-200 ms), and a job's start-up should not grow with its
+            // parallelism.
+            let mut setups = setups.into_iter();
+            if let Some(first) = setups.next() {
+                runs.push((
+                    format!("{}#0", node.name),
+                    node.runner.prepare(first).await?,
+                ));
+            }
+            let rest =
+                futures::future::try_join_all(setups.map(|s| node.runner.prepare(s))).await?;
+            for (i, run) in rest.into_iter().enumerate() {
+                runs.push((format!("{}#{}", node.name, i + 1), run));
             }
         }
         drop(services);

@@ -87,11 +87,9 @@ impl Sink<u64> for FlushingSink {
         Ok(())
     }
     async fn pre_commit(&mut self, c: CheckpointId) -> Result<Option<Vec<u64>>> {
-        self.log
-            .lock()
-            .unwrap()
-            .violations
-            .push(format!("pre_commit({c}) called instead of start_pre_commit"));
+        self.log.lock().unwrap().violations.push(format!(
+            "pre_commit({c}) called instead of start_pre_commit"
+        ));
         Ok(None)
     }
     async fn start_pre_commit(&mut self, c: CheckpointId) -> Result<PreCommit<Vec<u64>>> {

@@ -177,7 +177,11 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
                 }
                 match sink.start_pre_commit(id).await {
                     Ok(PreCommit::Flushing(done)) => {
-                        tracing::trace!(checkpoint = id, subtask = ctx.info.index, "pre-commit flushing while the next records are written");
+                        tracing::trace!(
+                            checkpoint = id,
+                            subtask = ctx.info.index,
+                            "pre-commit flushing while the next records are written"
+                        );
                         flushing = Some(Flushing {
                             checkpoint: id,
                             done,

@@ -292,9 +292,15 @@ impl Sink<SinkRecord> for KafkaSinkWriter {
                 "only a two-phase-commit sink leaves its pre-commit draining".into(),
             ));
         };
-        let span =
-            tracing::debug_span!("kafka_finish_pre_commit", checkpoint, subtask = self.subtask);
-        w.finish_pre_commit(checkpoint).instrument(span).await.map(Some)
+        let span = tracing::debug_span!(
+            "kafka_finish_pre_commit",
+            checkpoint,
+            subtask = self.subtask
+        );
+        w.finish_pre_commit(checkpoint)
+            .instrument(span)
+            .await
+            .map(Some)
     }
 
     async fn commit(
