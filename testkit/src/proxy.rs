@@ -1,12 +1,13 @@
 //! A TCP proxy on 127.0.0.1 between the clients and the broker that can drop the network:
 //! `cut` closes every open connection (as a reset link would), `partition` also refuses new
-//! connections for a while. The broker advertises the proxy's address
-//! (`--advertised-listener`), so every client connection goes through it.
+//! connections for a while, `pause` holds every byte in flight (both directions, every
+//! connection) until `resume`, as a stalled link would. The broker advertises the proxy's
+//! address (`--advertised-listener`), so every client connection goes through it.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -14,6 +15,9 @@ use std::time::Duration;
 struct Shared {
     stop: AtomicBool,
     refusing: AtomicBool,
+    /// Set while paused; the pumps wait on `resumed` before forwarding what they read.
+    paused: Mutex<bool>,
+    resumed: Condvar,
     /// Both sides of every open connection (clones, for shutdown).
     conns: Mutex<Vec<(TcpStream, TcpStream)>>,
 }
@@ -76,8 +80,9 @@ impl Proxy {
                             server.try_clone(),
                         ) {
                             shared.conns.lock().unwrap().push((c3, s3));
-                            std::thread::spawn(move || pump(client, s2));
-                            std::thread::spawn(move || pump(server, c2));
+                            let (up, down) = (shared.clone(), shared.clone());
+                            std::thread::spawn(move || pump(client, s2, &up));
+                            std::thread::spawn(move || pump(server, c2, &down));
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -109,9 +114,24 @@ impl Proxy {
     }
 }
 
+impl Proxy {
+    /// Stops forwarding: bytes read from either side wait in the proxy until [`Proxy::resume`]
+    /// (connections stay open). Returns once set; a byte already written stays written.
+    pub fn pause(&self) {
+        *self.shared.paused.lock().unwrap() = true;
+    }
+
+    /// Forwards again, everything held first.
+    pub fn resume(&self) {
+        *self.shared.paused.lock().unwrap() = false;
+        self.shared.resumed.notify_all();
+    }
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        self.resume();
         self.cut();
         if let Some(t) = self.accept.take() {
             let _ = t.join();
@@ -119,13 +139,19 @@ impl Drop for Proxy {
     }
 }
 
-/// Copies `from` to `to` until either side closes, then closes both.
-fn pump(mut from: TcpStream, mut to: TcpStream) {
+/// Copies `from` to `to` until either side closes, then closes both; while the proxy is
+/// paused, what it read waits.
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                let mut paused = shared.paused.lock().unwrap();
+                while *paused && !shared.stop.load(Ordering::Relaxed) {
+                    paused = shared.resumed.wait(paused).unwrap();
+                }
+                drop(paused);
                 if to.write_all(&buf[..n]).is_err() {
                     break;
                 }

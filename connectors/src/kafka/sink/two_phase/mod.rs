@@ -48,12 +48,15 @@ use rdkafka::producer::Producer;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use super::super::committer::{self, CommitOutcome};
 use super::super::config::KafkaSinkConfig;
-use super::super::security::ClientSecurity;
 use super::super::{metrics as m, KafkaError};
 use super::producer::{self, blocking, Ctx, Prod};
 use super::{KafkaPending, KafkaSink, SinkRecord};
+
+mod commit;
+mod recover;
+
+use commit::InFlight;
 
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Extra slots fenced beyond the recorded ring (growth after the last complete checkpoint).
@@ -112,22 +115,6 @@ enum SlotState {
     Committed { at: CheckpointId },
     /// Aborted (reusable).
     Aborted,
-}
-
-/// A commit running on a blocking thread while the next transaction is written.
-struct InFlight {
-    checkpoint: CheckpointId,
-    slot: usize,
-    /// What the slot held while sealed (restored if the commit fails).
-    handle: TxnHandle,
-    since: Instant,
-    /// The latest complete checkpoint when the commit started.
-    completed: CheckpointId,
-    /// The commit's outcome and how long it took.
-    task: tokio::task::JoinHandle<(
-        std::result::Result<(), rdkafka::error::KafkaError>,
-        Duration,
-    )>,
 }
 
 /// The drain of a sealed transaction: resolves when every record of it was delivered (or
@@ -215,127 +202,6 @@ impl TwoPhaseWriter {
             Some(f) => Err(KafkaError::Fenced(f.clone()).into()),
             None => Ok(()),
         }
-    }
-
-    /// Commits the restored checkpoint's transactions, then fences the previous ring.
-    pub(crate) async fn recover(
-        &mut self,
-        pending: Vec<KafkaPending>,
-    ) -> onceflow_runtime::Result<()> {
-        if self.subtask == 0 {
-            // one set of connection settings for the recovery commits and the fencing
-            let security = ClientSecurity::from_properties(
-                &self.cfg.client_properties,
-                "two-phase-commit recovery",
-            )?;
-            let mut old_parallelism = 0;
-            let mut old_ring = 0;
-            let mut committed = std::collections::HashSet::new();
-            for p in &pending {
-                let KafkaPending::TwoPhase(p) = p else {
-                    return Err(KafkaError::Config(format!(
-                        "the restored checkpoint {} was written by a Kafka sink in another delivery mode; start with a fresh checkpoint directory to change modes",
-                        self.restored
-                    ))
-                    .into());
-                };
-                old_parallelism = old_parallelism.max(p.parallelism);
-                old_ring = old_ring.max(p.ring_slots);
-                let Some(t) = &p.txn else { continue };
-                let t0 = Instant::now();
-                let outcome = committer::commit_prepared(
-                    &self.cfg.brokers,
-                    &security,
-                    &t.transactional_id,
-                    t.producer_id,
-                    t.epoch,
-                    self.cfg.recovery_allowance.max(Duration::from_secs(10)),
-                )
-                .await?;
-                match outcome {
-                    CommitOutcome::Committed => {
-                        metrics::counter!(m::RECOVERY_COMMITS).increment(1);
-                        metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "recovery")
-                            .record(t0.elapsed().as_secs_f64());
-                        tracing::info!(checkpoint = p.checkpoint, restored = self.restored, transactional_id = %t.transactional_id, producer_id = t.producer_id, epoch = t.epoch, records = t.records, "recovery committed a pre-committed transaction");
-                        committed.insert(t.transactional_id.clone());
-                    }
-                    CommitOutcome::Lost(code) => {
-                        let why = match code {
-                            committer::codes::INVALID_TXN_STATE => "it was aborted",
-                            committer::codes::PRODUCER_FENCED | committer::codes::INVALID_PRODUCER_EPOCH => {
-                                "its epoch was bumped (transaction timeout or another producer with this id)"
-                            }
-                            committer::codes::INVALID_PRODUCER_ID_MAPPING => "the broker no longer knows its producer id (expired)",
-                            _ => "the broker refused the commit",
-                        };
-                        return Err(KafkaError::DataLoss(format!(
-                            "transaction {} (producer id {}, epoch {}, {} records) of complete checkpoint {} (restored checkpoint {}) cannot be committed: {why} (Kafka error code {code}); its output is lost. Raise transaction.timeout.ms or restart faster",
-                            t.transactional_id, t.producer_id, t.epoch, t.records, p.checkpoint, self.restored
-                        ))
-                        .into());
-                    }
-                }
-            }
-            // fence every other id of the previous ring and of the current one
-            let mut ids = std::collections::BTreeSet::new();
-            let prev_ring = if old_ring == 0 {
-                self.cfg.ring_slots
-            } else {
-                old_ring
-            };
-            let prev_par = if old_parallelism == 0 {
-                self.parallelism
-            } else {
-                old_parallelism
-            };
-            for s in 0..prev_par {
-                for slot in 0..prev_ring + FENCE_MARGIN {
-                    ids.insert(txn_id(&self.cfg.transactional_id_prefix, s, slot));
-                }
-            }
-            for s in 0..self.parallelism {
-                for slot in 0..self.cfg.ring_slots {
-                    ids.insert(txn_id(&self.cfg.transactional_id_prefix, s, slot));
-                }
-            }
-            let t0 = Instant::now();
-            let (security, cfg) = (&security, &self.cfg);
-            let fences = ids
-                .into_iter()
-                .filter(|i| !committed.contains(i))
-                .map(|id| async move {
-                    committer::fence(
-                        &cfg.brokers,
-                        security,
-                        &id,
-                        cfg.transaction_timeout,
-                        TXN_CALL_TIMEOUT,
-                    )
-                    .await?;
-                    metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
-                    tracing::debug!(transactional_id = %id, "fenced and aborted");
-                    Ok::<(), onceflow_runtime::Error>(())
-                });
-            let fenced = futures::future::try_join_all(fences).await?.len();
-            tracing::info!(
-                fenced,
-                elapsed_ms = t0.elapsed().as_millis() as u64,
-                "fenced the previous transactional id ring"
-            );
-            *self.recovered_ids.lock() = committed;
-        }
-        // slots committed by recovery stay untouched until a checkpoint of this run completes
-        let avoid = self.recovered_ids.lock().clone();
-        for s in &mut self.slots {
-            if avoid.contains(&s.id) {
-                s.state = SlotState::Committed { at: self.restored };
-            }
-        }
-        let next = self.free_slot();
-        // the other slots' producers are made while the first one is
-        self.warm_up(next);
-        self.open(next).await
     }
 
     /// Starts making the producer of every fresh slot but `except` (see the module
@@ -639,213 +505,6 @@ impl TwoPhaseWriter {
         Ok(self.pending(checkpoint, Some(handle)))
     }
 
-    async fn retry_commits(&mut self) -> onceflow_runtime::Result<()> {
-        let due: Vec<CheckpointId> = self
-            .slots
-            .iter()
-            .filter_map(|s| match s.state {
-                SlotState::Sealed { checkpoint, .. } if checkpoint <= self.completed => {
-                    Some(checkpoint)
-                }
-                _ => None,
-            })
-            .collect();
-        for c in due {
-            self.commit_live(c).await?;
-        }
-        Ok(())
-    }
-
-    /// Commits the slot sealed at `checkpoint` on its live producer; false if none holds it.
-    async fn commit_live(&mut self, checkpoint: CheckpointId) -> onceflow_runtime::Result<bool> {
-        let completed = self.completed;
-        let Some(slot) = self.slots.iter_mut().find(
-            |s| matches!(s.state, SlotState::Sealed { checkpoint: c, .. } if c == checkpoint),
-        ) else {
-            return Ok(false);
-        };
-        let (SlotState::Sealed { handle, since, .. }, Some((p, _, _))) =
-            (&slot.state, &slot.producer)
-        else {
-            return Ok(false);
-        };
-        let records = handle.records;
-        let age = since.elapsed();
-        let p = p.clone();
-        let t0 = Instant::now();
-        let r = blocking(move || p.commit_transaction(TXN_CALL_TIMEOUT)).await?;
-        match r {
-            Ok(()) => {
-                metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "two-phase-commit")
-                    .record(t0.elapsed().as_secs_f64());
-                metrics::histogram!(m::RECORDS_PER_TXN).record(records as f64);
-                metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
-                    .set(age.as_secs_f64());
-                slot.state = SlotState::Committed { at: completed };
-                self.confirmed.push(checkpoint);
-                Ok(true)
-            }
-            Err(e) => {
-                let fenced = producer::is_fenced(&e);
-                let msg = format!(
-                    "commit of {} (checkpoint {checkpoint}) failed: {e}",
-                    slot.id
-                );
-                if fenced {
-                    metrics::counter!(m::FENCING_EVENTS, "kind" => "fenced").increment(1);
-                    self.fatal = Some(format!(
-                        "{msg}; its epoch was bumped: another instance with the same transactional id prefix took over, or the transaction outlived transaction.timeout.ms"
-                    ));
-                    return Err(KafkaError::Fenced(msg).into());
-                }
-                if let rdkafka::error::KafkaError::Transaction(te) = &e {
-                    if te.txn_requires_abort() || te.is_fatal() {
-                        self.fatal = Some(msg.clone());
-                        return Err(KafkaError::DataLoss(msg).into());
-                    }
-                }
-                Err(KafkaError::Protocol(msg).into())
-            }
-        }
-    }
-
-    /// Starts the commit of the slot sealed at `checkpoint` on a blocking thread if the open
-    /// transaction holds records to overlap with; false if it did not start one.
-    fn start_commit(&mut self, checkpoint: CheckpointId) -> bool {
-        let open_has_records = !self.held.is_empty()
-            || self.current.is_some_and(
-                |i| matches!(self.slots[i].state, SlotState::Open { records, .. } if records > 0),
-            );
-        if !open_has_records {
-            return false;
-        }
-        let Some(i) = self.slots.iter().position(
-            |s| matches!(s.state, SlotState::Sealed { checkpoint: c, .. } if c == checkpoint),
-        ) else {
-            return false;
-        };
-        let slot = &mut self.slots[i];
-        let (SlotState::Sealed { handle, since, .. }, Some((p, _, _))) =
-            (&slot.state, &slot.producer)
-        else {
-            return false;
-        };
-        let (handle, since, p) = (handle.clone(), *since, p.clone());
-        let task = tokio::task::spawn_blocking(move || {
-            let t0 = Instant::now();
-            let r = p.commit_transaction(TXN_CALL_TIMEOUT);
-            (r, t0.elapsed())
-        });
-        tracing::debug!(checkpoint, transactional_id = %slot.id, "commit started, overlapping the next transaction");
-        slot.state = SlotState::Committing;
-        self.in_flight.push(InFlight {
-            checkpoint,
-            slot: i,
-            handle,
-            since,
-            completed: self.completed,
-            task,
-        });
-        true
-    }
-
-    /// Waits for every commit in flight, oldest first. A failed one goes back to `Sealed` and
-    /// is tried once more on the spot, with the error handling of [`Self::commit_live`].
-    async fn finish_in_flight(&mut self) -> onceflow_runtime::Result<()> {
-        let mut first_err = None;
-        for f in std::mem::take(&mut self.in_flight) {
-            let t_wait = Instant::now();
-            let outcome = f.task.await;
-            let waited = t_wait.elapsed();
-            match outcome {
-                Ok((Ok(()), took)) => {
-                    metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "two-phase-commit")
-                        .record(took.as_secs_f64());
-                    metrics::histogram!(m::TXN_COMMIT_WAIT_SECONDS).record(waited.as_secs_f64());
-                    metrics::histogram!(m::RECORDS_PER_TXN).record(f.handle.records as f64);
-                    metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
-                        .set(f.since.elapsed().as_secs_f64());
-                    self.slots[f.slot].state = SlotState::Committed { at: f.completed };
-                    self.confirmed.push(f.checkpoint);
-                    tracing::debug!(
-                        checkpoint = f.checkpoint,
-                        took_ms = took.as_secs_f64() * 1e3,
-                        waited_ms = waited.as_secs_f64() * 1e3,
-                        "overlapped commit done"
-                    );
-                }
-                failed => {
-                    let why = match &failed {
-                        Ok((Err(e), _)) => e.to_string(),
-                        Err(e) => format!("the commit thread panicked: {e}"),
-                        Ok((Ok(()), _)) => String::new(),
-                    };
-                    tracing::warn!(checkpoint = f.checkpoint, transactional_id = %f.handle.transactional_id, error = %why, "overlapped commit failed; trying again");
-                    self.slots[f.slot].state = SlotState::Sealed {
-                        checkpoint: f.checkpoint,
-                        handle: f.handle,
-                        since: f.since,
-                    };
-                    if first_err.is_none() {
-                        if let Err(e) = self.commit_live(f.checkpoint).await {
-                            first_err = Some(e);
-                        }
-                    }
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    /// Checkpoints whose commit succeeded since the last call, in order.
-    pub(crate) fn take_confirmed(&mut self) -> Vec<CheckpointId> {
-        std::mem::take(&mut self.confirmed)
-    }
-
-    pub(crate) async fn commit(
-        &mut self,
-        checkpoint: CheckpointId,
-        pending: KafkaPending,
-    ) -> onceflow_runtime::Result<()> {
-        self.completed = self.completed.max(checkpoint);
-        let KafkaPending::TwoPhase(p) = pending else {
-            return Err(onceflow_runtime::Error::Internal(
-                "two-phase sink got a foreign pending".into(),
-            ));
-        };
-        self.finish_in_flight().await?;
-        let Some(t) = p.txn else {
-            self.confirmed.push(checkpoint);
-            return Ok(());
-        };
-        if self.start_commit(checkpoint) || self.commit_live(checkpoint).await? {
-            return Ok(());
-        }
-        if self.slots.iter().any(|s| s.id == t.transactional_id) {
-            // our own id, no longer sealed: committed before (we unseal only on success)
-            self.confirmed.push(checkpoint);
-            return Ok(());
-        }
-        let security = ClientSecurity::from_properties(
-            &self.cfg.client_properties,
-            "two-phase-commit recovery",
-        )?;
-        match committer::commit_prepared(&self.cfg.brokers, &security, &t.transactional_id, t.producer_id, t.epoch, TXN_CALL_TIMEOUT).await? {
-            CommitOutcome::Committed => {
-                self.confirmed.push(checkpoint);
-                Ok(())
-            }
-            CommitOutcome::Lost(code) => Err(KafkaError::DataLoss(format!(
-                "transaction {} of checkpoint {checkpoint} cannot be committed (Kafka error code {code})",
-                t.transactional_id
-            ))
-            .into()),
-        }
-    }
-
     pub(crate) async fn abort(&mut self, pending: KafkaPending) -> onceflow_runtime::Result<()> {
         let KafkaPending::TwoPhase(p) = pending else {
             return Ok(());
@@ -868,3 +527,6 @@ impl TwoPhaseWriter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

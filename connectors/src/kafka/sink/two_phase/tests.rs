@@ -1,0 +1,92 @@
+//! The hold-back of records written during a drain, checked against the in-process broker
+//! behind a proxy that is paused, so that the drain is still running, by construction, when
+//! the next checkpoint's records arrive.
+
+use std::time::Duration;
+
+use onceflow_broker::BrokerConfig;
+use onceflow_testkit::clients::read_committed_values;
+use onceflow_testkit::inproc::{start_with, subtask_info};
+use onceflow_testkit::proxy::Proxy;
+
+use super::super::super::config::KafkaSinkConfig;
+use super::super::{KafkaSink, SinkRecord};
+use super::*;
+
+fn records(from: usize, n: usize) -> Vec<SinkRecord> {
+    (from..from + n)
+        .map(|i| {
+            SinkRecord::new(
+                Some(format!("k{}", i % 3).into_bytes()),
+                format!("r{i}").into_bytes(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_written_during_a_drain_wait_until_it_ended() {
+    let mut proxy = Proxy::bind();
+    let broker = start_with(BrokerConfig {
+        default_partitions: 2,
+        advertised_listener: Some(proxy.addr()),
+        ..BrokerConfig::default()
+    })
+    .await;
+    proxy.start(&broker.local_addr().to_string());
+    let bootstrap = proxy.addr();
+    let sink = KafkaSink::new(
+        KafkaSinkConfig::new(&bootstrap, "out-hold")
+            .transactional_id_prefix("hold")
+            .transaction_timeout(Duration::from_secs(60))
+            .checkpoint_interval(Duration::from_secs(1))
+            .recovery_allowance(Duration::from_secs(10)),
+    )
+    .without_seal();
+    let mut w = TwoPhaseWriter::new(&sink, &subtask_info(0, 1, 0));
+    w.recover(Vec::new()).await.expect("recover");
+    // every producer of the ring is made before the network stalls
+    for s in &mut w.slots {
+        if let Some(h) = s.warming.take() {
+            s.producer = Some(h.await.expect("join").expect("producer made ahead"));
+        }
+    }
+    proxy.pause();
+    w.write_batch(records(0, 300)).await.expect("write");
+    let PreCommit::Flushing(done) = w.start_pre_commit(1).await.expect("start 1") else {
+        panic!("a pre-commit with records drains in the background");
+    };
+    // the drain cannot end while the proxy holds its records: these belong to the next
+    // transaction and must not be handed to its producer yet
+    w.write_batch(records(300, 100))
+        .await
+        .expect("write while draining");
+    assert_eq!(w.held.len(), 100, "held back during the drain");
+    // nothing was handed to the next transaction's producer (`send_open` counts every record
+    // it hands over; the producer's own queue length also counts its statistics events)
+    let next = w.current.expect("the next transaction is open");
+    assert!(
+        matches!(w.slots[next].state, SlotState::Open { records: 0, .. }),
+        "the next transaction's producer got records while the previous one drained"
+    );
+    proxy.resume();
+    done.await;
+    let p1 = w.finish_pre_commit(1).await.expect("finish 1");
+    assert!(w.held.is_empty(), "the held records follow the drain");
+    w.commit(1, p1).await.expect("commit 1");
+    let p2 = w.pre_commit(2).await.expect("pre-commit 2");
+    w.commit(2, p2).await.expect("commit 2");
+    let seen = read_committed_values(&bootstrap, "out-hold");
+    assert_eq!(seen.len(), 400, "every record once: {seen:?}");
+    // one key's records are in one partition: in offset order their numbers rise
+    let mut last: [Option<usize>; 3] = [None; 3];
+    for v in &seen {
+        let i: usize = v[1..].parse().expect("r<number>");
+        if let Some(prev) = last[i % 3] {
+            assert!(prev < i, "key k{}: r{i} after r{prev}", i % 3);
+        }
+        last[i % 3] = Some(i);
+    }
+    drop(proxy);
+    broker.shutdown().await;
+}
