@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use onceflow_runtime::CheckpointId;
 use rdkafka::producer::Producer;
 
-use super::super::super::committer::{self, CommitOutcome};
-use super::super::super::security::ClientSecurity;
-use super::super::super::{metrics as m, KafkaError};
 use super::super::producer::{self, blocking};
 use super::super::KafkaPending;
 use super::{SlotState, TwoPhaseWriter, TxnHandle, TXN_CALL_TIMEOUT};
+use crate::kafka::committer::{self, CommitOutcome};
+use crate::kafka::security::ClientSecurity;
+use crate::kafka::{metrics as m, KafkaError};
 
 /// A commit running on a blocking thread while the next transaction is written.
 pub(super) struct InFlight {
@@ -31,6 +31,7 @@ pub(super) struct InFlight {
 }
 
 impl TwoPhaseWriter {
+    /// Commits again every transaction of a complete checkpoint whose commit failed before.
     pub(super) async fn retry_commits(&mut self) -> onceflow_runtime::Result<()> {
         let due: Vec<CheckpointId> = self
             .slots

@@ -4,11 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::super::super::committer::{self, CommitOutcome};
-use super::super::super::security::ClientSecurity;
-use super::super::super::{metrics as m, KafkaError};
 use super::super::KafkaPending;
 use super::{txn_id, SlotState, TwoPhaseWriter, FENCE_MARGIN, TXN_CALL_TIMEOUT};
+use crate::kafka::committer::{self, CommitOutcome};
+use crate::kafka::security::ClientSecurity;
+use crate::kafka::{metrics as m, KafkaError};
 
 impl TwoPhaseWriter {
     /// Commits the restored checkpoint's transactions, then fences the previous ring.

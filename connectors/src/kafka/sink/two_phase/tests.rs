@@ -9,9 +9,9 @@ use onceflow_testkit::clients::read_committed_values;
 use onceflow_testkit::inproc::{start_with, subtask_info};
 use onceflow_testkit::proxy::Proxy;
 
-use super::super::super::config::KafkaSinkConfig;
 use super::super::{KafkaSink, SinkRecord};
 use super::*;
+use crate::kafka::config::KafkaSinkConfig;
 
 fn records(from: usize, n: usize) -> Vec<SinkRecord> {
     (from..from + n)
