@@ -112,9 +112,7 @@ impl Proxy {
         self.shared.refusing.store(false, Ordering::Relaxed);
         n
     }
-}
 
-impl Proxy {
     /// Stops forwarding: bytes read from either side wait in the proxy until [`Proxy::resume`]
     /// (connections stay open). Returns once set; a byte already written stays written.
     pub fn pause(&self) {
