@@ -23,7 +23,14 @@ pub struct AtLeastOnceWriter {
 impl AtLeastOnceWriter {
     pub(crate) fn new(sink: &KafkaSink, _info: &SubtaskInfo) -> onceflow_runtime::Result<Self> {
         let idempotent = sink.cfg.mode == DeliveryMode::AtLeastOnce;
-        let (producer, ctx) = producer::create(&sink.cfg, None, idempotent)?;
+        let (producer, ctx) = producer::create(
+            &sink.cfg,
+            if idempotent {
+                producer::Kind::Idempotent
+            } else {
+                producer::Kind::Plain
+            },
+        )?;
         Ok(AtLeastOnceWriter {
             cfg: sink.cfg.clone(),
             producer,

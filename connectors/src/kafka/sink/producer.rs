@@ -1,15 +1,16 @@
 //! The rdkafka producer shared by every sink mode: a context that learns the producer id and
-//! epoch from librdkafka's statistics (`eos` object) and records delivery errors; sending
+//! epoch once from librdkafka's statistics (`eos` object) and records delivery errors; sending
 //! with back-off on a full queue; draining delivery reports by polling (never flush's 100 ms
 //! steps); blocking calls moved off the async workers.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rdkafka::error::{KafkaError as RdError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-use rdkafka::{ClientConfig, ClientContext, Statistics};
+use rdkafka::{ClientConfig, ClientContext};
+use serde::Deserialize;
 
 use super::super::config::KafkaSinkConfig;
 use super::super::{KafkaError, Result};
@@ -18,8 +19,12 @@ use super::SinkRecord;
 /// State the producer's callbacks fill in.
 #[derive(Default)]
 pub struct ProdCtx {
-    /// (producer id, epoch) from the last statistics with an `eos` object.
-    pub eos: Mutex<Option<(i64, i16)>>,
+    /// (producer id, epoch) from the first statistics with a valid `eos` object. A
+    /// transactional producer keeps the id and epoch of its `init_transactions` until an
+    /// `abort_transaction`: librdkafka bumps the epoch of a transactional producer only
+    /// there (KIP-360 recovery runs inside the abort), and a sink drops a producer after an
+    /// abort instead of reusing it, so the first value holds for the producer's life.
+    pub ids: OnceLock<(i64, i16)>,
     /// First delivery error since the last check.
     pub delivery_error: Mutex<Option<String>>,
 }
@@ -28,12 +33,38 @@ pub struct ProdCtx {
 #[derive(Clone, Default)]
 pub struct Ctx(pub Arc<ProdCtx>);
 
+/// The one part of librdkafka's statistics a sink reads.
+#[derive(Deserialize)]
+struct EosStats {
+    eos: Option<Eos>,
+}
+
+#[derive(Deserialize)]
+struct Eos {
+    producer_id: i64,
+    producer_epoch: i64,
+}
+
 impl ClientContext for Ctx {
-    fn stats(&self, stats: Statistics) {
-        if let Some(eos) = stats.eos {
-            if eos.producer_id >= 0 && eos.producer_epoch >= 0 {
-                *self.0.eos.lock() = Some((eos.producer_id, eos.producer_epoch as i16));
+    /// Reads the producer id and epoch until they are known, then ignores the statistics.
+    /// Not rdkafka's default, which decodes every emission into a full `Statistics`: a
+    /// transactional sink's producers emit ten a second each, and decoding them all cost
+    /// the job about 15 % of its CPU per record (docs/BENCHMARKS.md).
+    fn stats_raw(&self, statistics: &[u8]) {
+        if self.0.ids.get().is_some() {
+            return;
+        }
+        match serde_json::from_slice::<EosStats>(statistics) {
+            Ok(EosStats {
+                eos: Some(Eos {
+                    producer_id,
+                    producer_epoch,
+                }),
+            }) if producer_id >= 0 && (0..=i16::MAX as i64).contains(&producer_epoch) => {
+                let _ = self.0.ids.set((producer_id, producer_epoch as i16));
             }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "unreadable librdkafka statistics"),
         }
     }
 }
@@ -53,21 +84,30 @@ impl ProducerContext for Ctx {
 /// The producer type of the sink.
 pub type Prod = BaseProducer<Ctx>;
 
-/// Creates a producer: transactional when `txn_id` is set, idempotent when `idempotent`.
-pub fn create(
-    cfg: &KafkaSinkConfig,
-    txn_id: Option<&str>,
-    idempotent: bool,
-) -> Result<(Arc<Prod>, Ctx)> {
+/// What a sink's producer is for.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind<'a> {
+    /// `acks=1`, no idempotence (at-least-once without it).
+    Plain,
+    /// Idempotent (at-least-once).
+    Idempotent,
+    /// Transactional with this transactional id. `learn_ids`: the sink needs the producer
+    /// id and epoch ([`init_and_learn`]), so librdkafka's statistics are switched on; a
+    /// producer that only fences or seals goes without them.
+    Transactional { id: &'a str, learn_ids: bool },
+}
+
+/// Creates a producer of `kind`.
+pub fn create(cfg: &KafkaSinkConfig, kind: Kind<'_>) -> Result<(Arc<Prod>, Ctx)> {
     let ctx = Ctx::default();
-    let p: Prod = config(cfg, txn_id, idempotent)
+    let p: Prod = config(cfg, kind)
         .create_with_context(ctx.clone())
         .map_err(|e| KafkaError::client("creating the producer", e))?;
     Ok((Arc::new(p), ctx))
 }
 
 /// The librdkafka settings of a sink's producer (see [`create`]).
-fn config(cfg: &KafkaSinkConfig, txn_id: Option<&str>, idempotent: bool) -> ClientConfig {
+fn config(cfg: &KafkaSinkConfig, kind: Kind<'_>) -> ClientConfig {
     let mut c = cfg.client_properties.client_config(&cfg.brokers);
     // the batching default; a job's own `--kafka-property linger.ms=...` wins
     if cfg.client_properties.get("linger.ms").is_none() {
@@ -79,24 +119,35 @@ fn config(cfg: &KafkaSinkConfig, txn_id: Option<&str>, idempotent: bool) -> Clie
         // a callback per record; `in_flight_count` still counts records until their ack
         .set("delivery.report.only.error", "true")
         .set("message.timeout.ms", "120000");
-    if let Some(id) = txn_id {
-        let t = cfg.transaction_timeout.as_millis().to_string();
-        // the statistics' `eos` object is how a transactional sink learns its producer id
-        // and epoch (init_and_learn, pre_commit); no other producer needs statistics
-        c.set("transactional.id", id)
-            .set("transaction.timeout.ms", &t)
-            .set("message.timeout.ms", &t)
-            .set("statistics.interval.ms", "100");
-    } else if idempotent {
-        c.set("enable.idempotence", "true");
-    } else {
-        c.set("acks", "1");
+    match kind {
+        Kind::Transactional { id, learn_ids } => {
+            let t = cfg.transaction_timeout.as_millis().to_string();
+            c.set("transactional.id", id)
+                .set("transaction.timeout.ms", &t)
+                .set("message.timeout.ms", &t);
+            if learn_ids {
+                // the statistics' `eos` object is how a sink learns its producer id and
+                // epoch (init_and_learn); the first emission comes one interval after the
+                // producer was created, and the ones after it are ignored (Ctx::stats_raw)
+                c.set("statistics.interval.ms", STATISTICS_INTERVAL_MS);
+            }
+        }
+        Kind::Idempotent => {
+            c.set("enable.idempotence", "true");
+        }
+        Kind::Plain => {
+            c.set("acks", "1");
+        }
     }
     for (k, v) in &cfg.producer_properties {
         c.set(k, v);
     }
     c
 }
+
+/// The statistics interval of a producer that learns its ids: how long [`init_and_learn`]
+/// waits at most after `init_transactions`.
+const STATISTICS_INTERVAL_MS: &str = "100";
 
 /// Runs a blocking closure on tokio's blocking pool.
 pub async fn blocking<R: Send + 'static>(
@@ -222,15 +273,15 @@ pub fn init_transactions(
     p.init_transactions(timeout)
 }
 
-/// [`init_transactions`], then waits until the statistics report the producer id and epoch.
+/// [`init_transactions`] of a producer made with `learn_ids`, then waits until the
+/// statistics report its producer id and epoch.
 pub fn init_and_learn(p: &Prod, ctx: &Ctx, topic: &str, timeout: Duration) -> Result<(i64, i16)> {
-    *ctx.0.eos.lock() = None;
     init_transactions(p, topic, timeout).map_err(|e| KafkaError::client("init_transactions", e))?;
     let deadline = Instant::now() + timeout;
     loop {
         p.poll(Duration::from_millis(20));
-        if let Some(v) = *ctx.0.eos.lock() {
-            return Ok(v);
+        if let Some(v) = ctx.0.ids.get() {
+            return Ok(*v);
         }
         if Instant::now() >= deadline {
             return Err(KafkaError::Protocol(
@@ -266,22 +317,57 @@ mod tests {
         c
     }
 
+    fn txn(id: &str) -> Kind<'_> {
+        Kind::Transactional {
+            id,
+            learn_ids: true,
+        }
+    }
+
     #[test]
     fn linger_defaults_to_five_ms_and_the_jobs_own_value_wins() {
-        let c = config(&sink_config(&[]), Some("t-0-0"), false);
+        let c = config(&sink_config(&[]), txn("t-0-0"));
         assert_eq!(c.get("linger.ms"), Some("5"));
-        let c = config(&sink_config(&[("linger.ms", "1")]), Some("t-0-0"), false);
+        let c = config(&sink_config(&[("linger.ms", "1")]), txn("t-0-0"));
         assert_eq!(c.get("linger.ms"), Some("1"));
-        let c = config(&sink_config(&[("linger.ms", "20")]), None, true);
+        let c = config(&sink_config(&[("linger.ms", "20")]), Kind::Idempotent);
         assert_eq!(c.get("linger.ms"), Some("20"));
+    }
+
+    #[test]
+    fn the_producer_id_and_epoch_are_read_once_from_the_statistics() {
+        let ctx = Ctx::default();
+        // before init_transactions, a non-transactional client, a broken emission
+        ctx.stats_raw(br#"{"name":"p#producer-1","eos":{"idemp_state":"Init","producer_id":-1,"producer_epoch":-1}}"#);
+        ctx.stats_raw(br#"{"name":"p#producer-2","brokers":{}}"#);
+        ctx.stats_raw(b"{\"eos\": {\"producer_id\": 7");
+        ctx.stats_raw(br#"{"eos":{"producer_id":7,"producer_epoch":40000}}"#);
+        assert_eq!(ctx.0.ids.get(), None);
+        ctx.stats_raw(br#"{"brokers":{"b":{"rtt":{"p50":1}}},"eos":{"idemp_state":"Assigned","txn_state":"Ready","producer_id":4000,"producer_epoch":3,"epoch_cnt":1}}"#);
+        assert_eq!(ctx.0.ids.get(), Some(&(4000, 3)));
+        // later emissions are not read
+        ctx.stats_raw(br#"{"eos":{"producer_id":4000,"producer_epoch":4}}"#);
+        assert_eq!(ctx.0.ids.get(), Some(&(4000, 3)));
+    }
+
+    #[test]
+    fn only_a_producer_that_learns_its_ids_emits_statistics() {
+        let cfg = sink_config(&[]);
+        assert_eq!(config(&cfg, txn("t-0-0")).get("statistics.interval.ms"), Some("100"));
+        let sealing = Kind::Transactional {
+            id: "t-seal",
+            learn_ids: false,
+        };
+        for kind in [sealing, Kind::Idempotent, Kind::Plain] {
+            assert_eq!(config(&cfg, kind).get("statistics.interval.ms"), None, "{kind:?}");
+        }
     }
 
     #[test]
     fn a_transactional_producers_message_timeout_follows_the_transaction_timeout() {
         let c = config(
             &sink_config(&[("message.timeout.ms", "900000")]),
-            Some("t-0-0"),
-            false,
+            txn("t-0-0"),
         );
         assert_eq!(c.get("message.timeout.ms"), Some("60000"));
         assert_eq!(c.get("transaction.timeout.ms"), Some("60000"));

@@ -58,7 +58,13 @@ impl CheckpointSeal {
     /// code.
     pub fn fence_previous(cfg: &KafkaSinkConfig, link: OffsetsLink) -> super::super::Result<Self> {
         let id = seal_transactional_id(&cfg.transactional_id_prefix);
-        let (p, _ctx) = producer::create(cfg, Some(&id), false)?;
+        let (p, _ctx) = producer::create(
+            cfg,
+            producer::Kind::Transactional {
+                id: &id,
+                learn_ids: false,
+            },
+        )?;
         producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
             .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
         metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);

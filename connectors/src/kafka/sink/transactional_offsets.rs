@@ -278,7 +278,13 @@ impl OffsetsLink {
 
 fn new_instance(cfg: &KafkaSinkConfig) -> super::super::Result<Instance> {
     let id = format!("{}-offsets", cfg.transactional_id_prefix);
-    let (p, ctx) = producer::create(cfg, Some(&id), false)?;
+    let (p, ctx) = producer::create(
+        cfg,
+        producer::Kind::Transactional {
+            id: &id,
+            learn_ids: false,
+        },
+    )?;
     producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
         .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
     p.begin_transaction()

@@ -164,7 +164,10 @@ fn txn_id(prefix: &str, subtask: usize, slot: usize) -> String {
 /// Creates the transactional producer of `id` and learns its producer id and epoch.
 /// Blocking.
 fn make_producer(cfg: &KafkaSinkConfig, id: &str) -> super::super::Result<Made> {
-    let (p, ctx) = producer::create(cfg, Some(id), false)?;
+    let (p, ctx) = producer::create(
+        cfg,
+        producer::Kind::Transactional { id, learn_ids: true },
+    )?;
     let ids = producer::init_and_learn(&p, &ctx, &cfg.default_topic, TXN_CALL_TIMEOUT)?;
     Ok((p, ctx, ids))
 }
@@ -486,8 +489,8 @@ impl TwoPhaseWriter {
             self.fatal = Some(msg.clone());
             return Err(onceflow_runtime::Error::Fatal(msg));
         }
-        // the statistics may have seen an epoch bump since init (KIP-360 recovery)
-        let (pid, epoch) = (*ctx.0.eos.lock()).unwrap_or(*ids);
+        // the ids of the producer's init_transactions: it has not aborted since (see abort)
+        let (pid, epoch) = *ids;
         let handle = TxnHandle {
             transactional_id: slot.id.clone(),
             producer_id: pid,
@@ -517,11 +520,23 @@ impl TwoPhaseWriter {
         else {
             return Ok(());
         };
-        if let Some((prod, _, _)) = &slot.producer {
-            let prod = prod.clone();
-            blocking(move || prod.abort_transaction(TXN_CALL_TIMEOUT))
-                .await?
-                .map_err(|e| KafkaError::client("abort_transaction", e))?;
+        // the producer is dropped after the abort and the slot gets a fresh one when reused:
+        // an abort may bump the producer's epoch (KIP-360), and a sink knows a producer's
+        // epoch only from its init_transactions (producer::ProdCtx::ids)
+        if let Some(made) = slot.producer.take() {
+            let back = blocking(move || match made.0.abort_transaction(TXN_CALL_TIMEOUT) {
+                // the drop waits for librdkafka's threads: on the blocking thread too
+                Ok(()) => {
+                    drop(made);
+                    Ok(())
+                }
+                Err(e) => Err((e, made)),
+            })
+            .await?;
+            if let Err((e, made)) = back {
+                slot.producer = Some(made);
+                return Err(KafkaError::client("abort_transaction", e).into());
+            }
         }
         slot.state = SlotState::Aborted;
         Ok(())

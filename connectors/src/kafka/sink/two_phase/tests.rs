@@ -90,3 +90,60 @@ async fn records_written_during_a_drain_wait_until_it_ended() {
     drop(proxy);
     broker.shutdown().await;
 }
+
+/// An abort may bump a producer's epoch, and a sink knows a producer's epoch only from its
+/// init_transactions: the aborted slot's next transaction runs on a fresh producer, and its
+/// pending names the epoch the recovery commit needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_reused_after_an_abort_records_the_epoch_recovery_commits_with() {
+    let broker = start_with(BrokerConfig {
+        default_partitions: 2,
+        ..BrokerConfig::default()
+    })
+    .await;
+    let bootstrap = broker.local_addr().to_string();
+    let sink = KafkaSink::new(
+        KafkaSinkConfig::new(&bootstrap, "out-reuse")
+            .transactional_id_prefix("reuse")
+            .transaction_timeout(Duration::from_secs(60))
+            .checkpoint_interval(Duration::from_secs(1))
+            .recovery_allowance(Duration::from_secs(10)),
+    )
+    .without_seal();
+    let mut w = TwoPhaseWriter::new(&sink, &subtask_info(0, 1, 0));
+    w.recover(Vec::new()).await.expect("recover");
+    w.write_batch(records(0, 50)).await.expect("write 1");
+    let p1 = w.pre_commit(1).await.expect("pre-commit 1");
+    let KafkaPending::TwoPhase(TwoPhasePending { txn: Some(h1), .. }) = &p1 else {
+        panic!("checkpoint 1 pre-committed a transaction: {p1:?}");
+    };
+    let h1 = h1.clone();
+    w.abort(p1).await.expect("abort 1");
+    w.write_batch(records(50, 50)).await.expect("write 2");
+    let p2 = w.pre_commit(2).await.expect("pre-commit 2");
+    w.write_batch(records(100, 50)).await.expect("write 3");
+    let p3 = w.pre_commit(3).await.expect("pre-commit 3");
+    let KafkaPending::TwoPhase(TwoPhasePending { txn: Some(h3), .. }) = &p3 else {
+        panic!("checkpoint 3 pre-committed a transaction: {p3:?}");
+    };
+    assert_eq!(
+        h3.transactional_id, h1.transactional_id,
+        "the aborted slot is the next free one"
+    );
+    assert!(
+        h3.epoch > h1.epoch,
+        "a fresh producer's init_transactions bumps the epoch: {h1:?} then {h3:?}"
+    );
+    // a restart from checkpoint 3: the recovery commits 2 and 3 with the recorded ids (a
+    // stale epoch would be refused as fenced, and the job would fail with data loss)
+    drop(w);
+    let mut w = TwoPhaseWriter::new(&sink, &subtask_info(0, 1, 3));
+    w.recover(vec![p2, p3]).await.expect("recovery commits 2 and 3");
+    let mut seen = read_committed_values(&bootstrap, "out-reuse");
+    seen.sort();
+    let mut want: Vec<String> = (50..150).map(|i| format!("r{i}")).collect();
+    want.sort();
+    assert_eq!(seen, want, "checkpoints 2 and 3 once, the aborted 1 never");
+    drop(w);
+    broker.shutdown().await;
+}
