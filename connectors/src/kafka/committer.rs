@@ -1,8 +1,10 @@
 //! A small raw Kafka client on the kafka-protocol crate over tokio: FindCoordinator + EndTxn,
 //! so recovery can finish a pre-committed transaction of a crashed producer with its
 //! (transactional id, producer id, epoch), which librdkafka cannot do; InitProducerId, to
-//! fence a transactional id without starting a librdkafka producer for it; and
-//! DescribeConfigs to read the broker's `transaction.max.timeout.ms`. Connections use TLS
+//! fence a transactional id without starting a librdkafka producer for it;
+//! DescribeTransactions, to learn the producer id and epoch a librdkafka producer's
+//! `init_transactions` got; and DescribeConfigs to read the broker's
+//! `transaction.max.timeout.ms`. Connections use TLS
 //! and SASL as the job's client properties say ([`ClientSecurity`]).
 
 use std::time::{Duration, Instant};
@@ -10,8 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::{
-    DescribeConfigsRequest, EndTxnRequest, FindCoordinatorRequest, InitProducerIdRequest,
-    ProducerId, RequestHeader, ResponseHeader, TransactionalId,
+    DescribeConfigsRequest, DescribeTransactionsRequest, EndTxnRequest, FindCoordinatorRequest,
+    InitProducerIdRequest, ProducerId, RequestHeader, ResponseHeader, TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -43,6 +45,8 @@ pub mod codes {
     pub const CONCURRENT_TRANSACTIONS: i16 = 51;
     /// A newer producer with the same transactional id exists.
     pub const PRODUCER_FENCED: i16 = 90;
+    /// The coordinator knows no such transactional id (DescribeTransactions).
+    pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
     /// The principal may not use the transactional id (Write, or Describe for
     /// FindCoordinator).
     pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;
@@ -365,6 +369,70 @@ pub async fn fence(
         ))),
         c => Err(KafkaError::Protocol(format!(
             "fencing {txn_id}: InitProducerId failed with Kafka error code {c}"
+        ))),
+    }
+}
+
+/// Sends DescribeTransactions for `txn_id` once (after FindCoordinator): the error code, and
+/// the coordinator's producer id and epoch of the id when there is none.
+async fn describe_transaction_once(
+    bootstrap: &str,
+    security: &ClientSecurity,
+    txn_id: &str,
+) -> Result<(i16, Option<(i64, i16)>)> {
+    let mut coord = match connect_txn_coordinator(bootstrap, security, txn_id).await? {
+        Ok(c) => c,
+        Err(code) => return Ok((code, None)),
+    };
+    let r = coord
+        .request(
+            &DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
+                StrBytes::from_string(txn_id.to_string()),
+            )]),
+            0,
+        )
+        .await?;
+    let Some(st) = r
+        .transaction_states
+        .into_iter()
+        .find(|t| t.transactional_id.0.as_str() == txn_id)
+    else {
+        return Err(KafkaError::Protocol(format!(
+            "DescribeTransactions did not describe {txn_id}"
+        )));
+    };
+    if st.error_code != codes::NONE {
+        return Ok((st.error_code, None));
+    }
+    Ok((codes::NONE, Some((st.producer_id.0, st.producer_epoch))))
+}
+
+/// The producer id and epoch the transaction coordinator holds for `txn_id`
+/// (DescribeTransactions, Kafka 3.0+, KIP-664; the principal needs Describe on the
+/// TransactionalId, which Write implies). Right after a producer's `init_transactions` they
+/// are that producer's, unless another `init_transactions` for the id came in between: then
+/// the producer is fenced and none of its later writes or commits can succeed, so ids read
+/// this way never end up in a successful pre-commit unless they are the producer's own.
+/// Retries coordinator errors and connection failures until `patience` runs out; an error
+/// means the cluster cannot answer (an older Kafka closes the connection on the request).
+pub async fn describe_producer(
+    bootstrap: &str,
+    security: &ClientSecurity,
+    txn_id: &str,
+    patience: Duration,
+) -> Result<(i64, i16)> {
+    let what = format!("DescribeTransactions for {txn_id}");
+    let ids = std::sync::Mutex::new(None);
+    let code = until_settled(&what, patience, Duration::from_millis(10), || async {
+        let (code, found) = describe_transaction_once(bootstrap, security, txn_id).await?;
+        *ids.lock().unwrap_or_else(|e| e.into_inner()) = found;
+        Ok(code)
+    })
+    .await?;
+    match (code, ids.into_inner().unwrap_or_else(|e| e.into_inner())) {
+        (codes::NONE, Some(ids)) => Ok(ids),
+        (c, _) => Err(KafkaError::Protocol(format!(
+            "DescribeTransactions for {txn_id} failed with Kafka error code {c}"
         ))),
     }
 }

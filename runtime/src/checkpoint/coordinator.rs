@@ -248,6 +248,7 @@ impl Coordinator {
                                 continue;
                             };
                             p.remaining -= 1;
+                            tracing::debug!(checkpoint, node = %node_uid, subtask, ms = p.started.elapsed().as_millis() as u64, remaining = p.remaining, "checkpoint acknowledged");
                             match result {
                                 Ok(Some(f)) => p.files.entry(node_uid).or_default().push(f),
                                 Ok(None) => {}

@@ -22,7 +22,8 @@ pub struct ProdCtx {
     /// (producer id, epoch) from the first statistics with a valid `eos` object. A
     /// transactional producer keeps the id and epoch of its `init_transactions` until an
     /// `abort_transaction`: librdkafka bumps the epoch of a transactional producer only
-    /// there (KIP-360 recovery runs inside the abort), and a sink drops a producer after an
+    /// there (KIP-360 recovery runs inside the abort; librdkafka 2.12 sends EndTxn v1, so
+    /// there is no KIP-890 bump per transaction), and a sink drops a producer after an
     /// abort instead of reusing it, so the first value holds for the producer's life.
     pub ids: OnceLock<(i64, i16)>,
     /// First delivery error since the last check.
@@ -56,10 +57,11 @@ impl ClientContext for Ctx {
         }
         match serde_json::from_slice::<EosStats>(statistics) {
             Ok(EosStats {
-                eos: Some(Eos {
-                    producer_id,
-                    producer_epoch,
-                }),
+                eos:
+                    Some(Eos {
+                        producer_id,
+                        producer_epoch,
+                    }),
             }) if producer_id >= 0 && (0..=i16::MAX as i64).contains(&producer_epoch) => {
                 let _ = self.0.ids.set((producer_id, producer_epoch as i16));
             }
@@ -91,9 +93,10 @@ pub enum Kind<'a> {
     Plain,
     /// Idempotent (at-least-once).
     Idempotent,
-    /// Transactional with this transactional id. `learn_ids`: the sink needs the producer
-    /// id and epoch ([`init_and_learn`]), so librdkafka's statistics are switched on; a
-    /// producer that only fences or seals goes without them.
+    /// Transactional with this transactional id. `learn_ids`: the sink learns the producer
+    /// id and epoch from librdkafka's statistics ([`init_and_learn`]), so they are switched
+    /// on; every other producer goes without them (the two-phase-commit sink asks the
+    /// transaction coordinator where the cluster can answer, `committer::describe_producer`).
     Transactional { id: &'a str, learn_ids: bool },
 }
 
@@ -353,13 +356,20 @@ mod tests {
     #[test]
     fn only_a_producer_that_learns_its_ids_emits_statistics() {
         let cfg = sink_config(&[]);
-        assert_eq!(config(&cfg, txn("t-0-0")).get("statistics.interval.ms"), Some("100"));
+        assert_eq!(
+            config(&cfg, txn("t-0-0")).get("statistics.interval.ms"),
+            Some("100")
+        );
         let sealing = Kind::Transactional {
             id: "t-seal",
             learn_ids: false,
         };
         for kind in [sealing, Kind::Idempotent, Kind::Plain] {
-            assert_eq!(config(&cfg, kind).get("statistics.interval.ms"), None, "{kind:?}");
+            assert_eq!(
+                config(&cfg, kind).get("statistics.interval.ms"),
+                None,
+                "{kind:?}"
+            );
         }
     }
 

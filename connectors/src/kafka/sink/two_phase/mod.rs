@@ -35,11 +35,15 @@
 //! the sink finishes.
 //!
 //! The ring's producers are made ahead of use: once a subtask recovered, every fresh slot
-//! but the first gets its producer (create + init_transactions + the statistics that name
-//! its producer id and epoch, about 100-200 ms each) on a blocking thread in the background,
-//! so no pre-commit waits for one. Slots that recovery committed stay untouched (see above)
+//! but the first gets its producer (create + init_transactions + DescribeTransactions for
+//! its producer id and epoch) on a blocking thread in the background, so no pre-commit waits
+//! for one. A producer's id and epoch are fixed from its init_transactions until an abort
+//! (librdkafka bumps a transactional producer's epoch only inside abort_transaction, and
+//! librdkafka 2.12 speaks EndTxn v1, without KIP-890's bump per transaction), so they are
+//! learned once, and an aborted slot gets a fresh producer. Slots that recovery committed stay untouched (see above)
 //! and get their producer when first reused.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -48,7 +52,9 @@ use rdkafka::producer::Producer;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+use super::super::committer;
 use super::super::config::KafkaSinkConfig;
+use super::super::security::ClientSecurity;
 use super::super::{metrics as m, KafkaError};
 use super::producer::{self, blocking, Ctx, Prod};
 use super::{KafkaPending, KafkaSink, SinkRecord};
@@ -152,6 +158,9 @@ pub struct TwoPhaseWriter {
     /// Records of the open transaction held back while the previous one drains (see the
     /// module documentation).
     held: Vec<SinkRecord>,
+    /// Set once the cluster could not answer DescribeTransactions: producers then learn
+    /// their ids from librdkafka's statistics (see [`make_producer`]).
+    ids_from_statistics: Arc<AtomicBool>,
 }
 
 /// At most this many records are held back during a drain; a write beyond waits for it.
@@ -161,13 +170,55 @@ fn txn_id(prefix: &str, subtask: usize, slot: usize) -> String {
     format!("{prefix}-{subtask}-{slot}")
 }
 
-/// Creates the transactional producer of `id` and learns its producer id and epoch.
-/// Blocking.
-fn make_producer(cfg: &KafkaSinkConfig, id: &str) -> super::super::Result<Made> {
-    let (p, ctx) = producer::create(
-        cfg,
-        producer::Kind::Transactional { id, learn_ids: true },
-    )?;
+/// How long a producer's DescribeTransactions retries before the subtask falls back to
+/// librdkafka's statistics (an older Kafka closes the connection on the request).
+const DESCRIBE_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Creates the transactional producer of `id` and learns its producer id and epoch: after
+/// `init_transactions`, from the transaction coordinator (DescribeTransactions, one round
+/// trip; see [`committer::describe_producer`] for why the answer is the producer's own), or,
+/// once the cluster could not answer that (`from_statistics` is then set for every later
+/// producer of the subtask), from librdkafka's statistics, which cost a wait of up to their
+/// 100 ms interval here and about 2 % of the job's CPU for as long as the producer lives.
+/// Blocking: on a thread of tokio's blocking pool.
+fn make_producer(
+    cfg: &KafkaSinkConfig,
+    id: &str,
+    from_statistics: &AtomicBool,
+) -> super::super::Result<Made> {
+    if !from_statistics.load(Ordering::Relaxed) {
+        let kind = producer::Kind::Transactional {
+            id,
+            learn_ids: false,
+        };
+        let (p, ctx) = producer::create(cfg, kind)?;
+        producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
+            .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
+        let described = ClientSecurity::from_properties(
+            &cfg.client_properties,
+            "the two-phase-commit sink's DescribeTransactions",
+        )
+        .and_then(|security| {
+            tokio::runtime::Handle::current().block_on(committer::describe_producer(
+                &cfg.brokers,
+                &security,
+                id,
+                DESCRIBE_PATIENCE,
+            ))
+        });
+        match described {
+            Ok(ids) => return Ok((p, ctx, ids)),
+            Err(e) => {
+                tracing::warn!(transactional_id = %id, error = %e, "the cluster did not answer DescribeTransactions (Kafka before 3.0?): this subtask's producers learn their ids from librdkafka's statistics instead");
+                from_statistics.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+    let kind = producer::Kind::Transactional {
+        id,
+        learn_ids: true,
+    };
+    let (p, ctx) = producer::create(cfg, kind)?;
     let ids = producer::init_and_learn(&p, &ctx, &cfg.default_topic, TXN_CALL_TIMEOUT)?;
     Ok((p, ctx, ids))
 }
@@ -197,6 +248,7 @@ impl TwoPhaseWriter {
             confirmed: Vec::new(),
             draining: None,
             held: Vec::new(),
+            ids_from_statistics: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -220,8 +272,9 @@ impl TwoPhaseWriter {
             }
             let cfg = self.cfg.clone();
             let id = slot.id.clone();
+            let from_statistics = self.ids_from_statistics.clone();
             slot.warming = Some(tokio::task::spawn_blocking(move || {
-                make_producer(&cfg, &id)
+                make_producer(&cfg, &id, &from_statistics)
             }));
         }
     }
@@ -270,7 +323,8 @@ impl TwoPhaseWriter {
                 None => {
                     let cfg = self.cfg.clone();
                     let id = slot.id.clone();
-                    blocking(move || make_producer(&cfg, &id)).await??
+                    let from_statistics = self.ids_from_statistics.clone();
+                    blocking(move || make_producer(&cfg, &id, &from_statistics)).await??
                 }
             };
             // time the transaction's start waited for its producer (near zero when it was

@@ -93,24 +93,27 @@ async fn records_written_during_a_drain_wait_until_it_ended() {
 
 /// An abort may bump a producer's epoch, and a sink knows a producer's epoch only from its
 /// init_transactions: the aborted slot's next transaction runs on a fresh producer, and its
-/// pending names the epoch the recovery commit needs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slot_reused_after_an_abort_records_the_epoch_recovery_commits_with() {
+/// pending names the epoch the recovery commit needs. Checked with the ids learned from the
+/// coordinator (DescribeTransactions) and from librdkafka's statistics.
+async fn slot_reused_after_an_abort(from_statistics: bool, tag: &str) {
     let broker = start_with(BrokerConfig {
         default_partitions: 2,
         ..BrokerConfig::default()
     })
     .await;
     let bootstrap = broker.local_addr().to_string();
+    let topic = format!("out-{tag}");
     let sink = KafkaSink::new(
-        KafkaSinkConfig::new(&bootstrap, "out-reuse")
-            .transactional_id_prefix("reuse")
+        KafkaSinkConfig::new(&bootstrap, &topic)
+            .transactional_id_prefix(tag)
             .transaction_timeout(Duration::from_secs(60))
             .checkpoint_interval(Duration::from_secs(1))
             .recovery_allowance(Duration::from_secs(10)),
     )
     .without_seal();
     let mut w = TwoPhaseWriter::new(&sink, &subtask_info(0, 1, 0));
+    w.ids_from_statistics
+        .store(from_statistics, std::sync::atomic::Ordering::Relaxed);
     w.recover(Vec::new()).await.expect("recover");
     w.write_batch(records(0, 50)).await.expect("write 1");
     let p1 = w.pre_commit(1).await.expect("pre-commit 1");
@@ -134,16 +137,88 @@ async fn a_slot_reused_after_an_abort_records_the_epoch_recovery_commits_with() 
         h3.epoch > h1.epoch,
         "a fresh producer's init_transactions bumps the epoch: {h1:?} then {h3:?}"
     );
+    assert_eq!(
+        w.ids_from_statistics
+            .load(std::sync::atomic::Ordering::Relaxed),
+        from_statistics,
+        "the in-process broker answers DescribeTransactions"
+    );
     // a restart from checkpoint 3: the recovery commits 2 and 3 with the recorded ids (a
     // stale epoch would be refused as fenced, and the job would fail with data loss)
     drop(w);
     let mut w = TwoPhaseWriter::new(&sink, &subtask_info(0, 1, 3));
-    w.recover(vec![p2, p3]).await.expect("recovery commits 2 and 3");
-    let mut seen = read_committed_values(&bootstrap, "out-reuse");
+    w.recover(vec![p2, p3])
+        .await
+        .expect("recovery commits 2 and 3");
+    let mut seen = read_committed_values(&bootstrap, &topic);
     seen.sort();
     let mut want: Vec<String> = (50..150).map(|i| format!("r{i}")).collect();
     want.sort();
     assert_eq!(seen, want, "checkpoints 2 and 3 once, the aborted 1 never");
     drop(w);
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_reused_after_an_abort_records_the_epoch_recovery_commits_with() {
+    slot_reused_after_an_abort(false, "reuse").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_ids_from_statistics_a_reused_slot_records_the_epoch_recovery_commits_with() {
+    slot_reused_after_an_abort(true, "reuse-stats").await;
+}
+
+/// The coordinator's answer to DescribeTransactions right after init_transactions is what
+/// librdkafka's statistics report for the producer, and a later init_transactions of the id
+/// (a fencing one) moves it on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_transactions_names_the_ids_the_statistics_report() {
+    let broker = start_with(BrokerConfig::default()).await;
+    let bootstrap = broker.local_addr().to_string();
+    let cfg = KafkaSinkConfig::new(&bootstrap, "out-describe")
+        .transactional_id_prefix("describe")
+        .transaction_timeout(Duration::from_secs(60));
+    let security = ClientSecurity::default();
+    let learn = producer::Kind::Transactional {
+        id: "describe-0-0",
+        learn_ids: true,
+    };
+    let mut seen = Vec::new();
+    let mut producers = Vec::new();
+    for _ in 0..2 {
+        let (p, ctx) = producer::create(&cfg, learn).expect("producer");
+        let c = cfg.clone();
+        let (p, from_stats) = tokio::task::spawn_blocking(move || {
+            let ids = producer::init_and_learn(&p, &ctx, &c.default_topic, TXN_CALL_TIMEOUT);
+            (p, ids)
+        })
+        .await
+        .expect("join");
+        let from_stats = from_stats.expect("ids from the statistics");
+        let described = committer::describe_producer(
+            &bootstrap,
+            &security,
+            "describe-0-0",
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("DescribeTransactions");
+        assert_eq!(described, from_stats, "coordinator and librdkafka agree");
+        seen.push(described);
+        producers.push(p);
+    }
+    assert_eq!(seen[1].0, seen[0].0, "one producer id per transactional id");
+    assert!(
+        seen[1].1 > seen[0].1,
+        "the second init bumped the epoch: {seen:?}"
+    );
+    let unknown =
+        committer::describe_producer(&bootstrap, &security, "never-used", Duration::from_secs(2))
+            .await;
+    assert!(unknown.is_err(), "an unknown id has no ids: {unknown:?}");
+    tokio::task::spawn_blocking(move || drop(producers))
+        .await
+        .expect("join");
     broker.shutdown().await;
 }
