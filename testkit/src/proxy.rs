@@ -1,7 +1,9 @@
 //! A TCP proxy on 127.0.0.1 between the clients and the broker that can drop the network:
 //! `cut` closes every open connection (as a reset link would), `partition` also refuses new
 //! connections for a while, `pause` holds every byte in flight (both directions, every
-//! connection) until `resume`, as a stalled link would. The broker advertises the proxy's
+//! connection) until `resume`, as a stalled link would; `refuse_api` closes a connection on
+//! the first request of an API key, as a broker that does not know it does (Kafka before the
+//! API's version; plaintext connections only). The broker advertises the proxy's
 //! address (`--advertised-listener`), so every client connection goes through it.
 
 use std::io::{Read, Write};
@@ -20,6 +22,8 @@ struct Shared {
     resumed: Condvar,
     /// Both sides of every open connection (clones, for shutdown).
     conns: Mutex<Vec<(TcpStream, TcpStream)>>,
+    /// API keys whose requests close their connection.
+    refused_apis: Mutex<Vec<i16>>,
 }
 
 /// The proxy; stops on drop.
@@ -81,8 +85,8 @@ impl Proxy {
                         ) {
                             shared.conns.lock().unwrap().push((c3, s3));
                             let (up, down) = (shared.clone(), shared.clone());
-                            std::thread::spawn(move || pump(client, s2, &up));
-                            std::thread::spawn(move || pump(server, c2, &down));
+                            std::thread::spawn(move || pump(client, s2, &up, true));
+                            std::thread::spawn(move || pump(server, c2, &down, false));
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -119,6 +123,13 @@ impl Proxy {
         *self.shared.paused.lock().unwrap() = true;
     }
 
+    /// From now on, closes a connection (both sides) when a request with API key `key`
+    /// arrives on it, before the broker sees it: what an older Kafka does with an API it does
+    /// not know. Reads the Kafka framing of plaintext connections.
+    pub fn refuse_api(&self, key: i16) {
+        self.shared.refused_apis.lock().unwrap().push(key);
+    }
+
     /// Forwards again, everything held first.
     pub fn resume(&self) {
         *self.shared.paused.lock().unwrap() = false;
@@ -137,14 +148,60 @@ impl Drop for Proxy {
     }
 }
 
+/// Where the requests of a client's byte stream start (Kafka framing: a 4-byte size, then
+/// the request, whose first 2 bytes are its API key).
+#[derive(Default)]
+struct Requests {
+    /// Bytes of the current request still to pass.
+    left: usize,
+    /// The size and API key of the next request, as far as read.
+    head: Vec<u8>,
+}
+
+impl Requests {
+    /// Whether `bytes`, the stream's next ones, start a request with an API key in `refused`.
+    fn start_refused(&mut self, mut bytes: &[u8], refused: &[i16]) -> bool {
+        while !bytes.is_empty() {
+            if self.left > 0 {
+                let k = self.left.min(bytes.len());
+                self.left -= k;
+                bytes = &bytes[k..];
+                continue;
+            }
+            let k = (6 - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..k]);
+            bytes = &bytes[k..];
+            if self.head.len() == 6 {
+                let size =
+                    i32::from_be_bytes([self.head[0], self.head[1], self.head[2], self.head[3]]);
+                let key = i16::from_be_bytes([self.head[4], self.head[5]]);
+                if refused.contains(&key) {
+                    return true;
+                }
+                self.left = usize::try_from(size).unwrap_or(0).saturating_sub(2);
+                self.head.clear();
+            }
+        }
+        false
+    }
+}
+
 /// Copies `from` to `to` until either side closes, then closes both; while the proxy is
-/// paused, what it read waits.
-fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
+/// paused, what it read waits. `requests`: `from` is the client, whose requests
+/// [`Proxy::refuse_api`] may refuse.
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, requests: bool) {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut framing = Requests::default();
     loop {
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                if requests {
+                    let refused = shared.refused_apis.lock().unwrap().clone();
+                    if !refused.is_empty() && framing.start_refused(&buf[..n], &refused) {
+                        break;
+                    }
+                }
                 let mut paused = shared.paused.lock().unwrap();
                 while *paused && !shared.stop.load(Ordering::Relaxed) {
                     paused = shared.resumed.wait(paused).unwrap();
@@ -158,4 +215,46 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared) {
     }
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Requests;
+
+    fn request(key: i16, body: usize) -> Vec<u8> {
+        let mut v = ((body + 2) as i32).to_be_bytes().to_vec();
+        v.extend_from_slice(&key.to_be_bytes());
+        v.extend(std::iter::repeat_n(7u8, body));
+        v
+    }
+
+    #[test]
+    fn a_refused_request_is_found_wherever_the_reads_split_the_stream() {
+        let mut stream = request(3, 40);
+        stream.extend(request(18, 0));
+        stream.extend(request(65, 25));
+        // where the refused request starts, and the last byte of its API key
+        let at = (40 + 6) + 6;
+        let key_end = at + 5;
+        for chunk in [1, 2, 5, 7, 64] {
+            let mut r = Requests::default();
+            let mut passed = 0;
+            let mut found = None;
+            for piece in stream.chunks(chunk) {
+                if r.start_refused(piece, &[65]) {
+                    found = Some(passed);
+                    break;
+                }
+                passed += piece.len();
+            }
+            let found = found.expect("the refused request is seen");
+            assert!(
+                found <= key_end && key_end < found + chunk,
+                "chunk {chunk}: refused in the read from {found}"
+            );
+        }
+        let mut r = Requests::default();
+        assert!(!r.start_refused(&stream[..at], &[65]));
+        assert!(!Requests::default().start_refused(&stream, &[1]));
+    }
 }

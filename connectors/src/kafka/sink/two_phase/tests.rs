@@ -94,14 +94,33 @@ async fn records_written_during_a_drain_wait_until_it_ended() {
 /// An abort may bump a producer's epoch, and a sink knows a producer's epoch only from its
 /// init_transactions: the aborted slot's next transaction runs on a fresh producer, and its
 /// pending names the epoch the recovery commit needs. Checked with the ids learned from the
-/// coordinator (DescribeTransactions) and from librdkafka's statistics.
-async fn slot_reused_after_an_abort(from_statistics: bool, tag: &str) {
+/// coordinator (DescribeTransactions), from librdkafka's statistics, and from the statistics
+/// after the cluster refused DescribeTransactions.
+#[derive(Clone, Copy, PartialEq)]
+enum Ids {
+    Coordinator,
+    Statistics,
+    /// A proxy between the sink and the broker closes the connection on DescribeTransactions,
+    /// as a Kafka before 3.0 does: the sink must fall back to the statistics.
+    CoordinatorRefuses,
+}
+
+async fn slot_reused_after_an_abort(ids: Ids, tag: &str) {
+    let mut proxy = Proxy::bind();
     let broker = start_with(BrokerConfig {
         default_partitions: 2,
+        advertised_listener: (ids == Ids::CoordinatorRefuses).then(|| proxy.addr()),
         ..BrokerConfig::default()
     })
     .await;
-    let bootstrap = broker.local_addr().to_string();
+    let bootstrap = if ids == Ids::CoordinatorRefuses {
+        proxy.start(&broker.local_addr().to_string());
+        // DescribeTransactions
+        proxy.refuse_api(65);
+        proxy.addr()
+    } else {
+        broker.local_addr().to_string()
+    };
     let topic = format!("out-{tag}");
     let sink = KafkaSink::new(
         KafkaSinkConfig::new(&bootstrap, &topic)
@@ -113,7 +132,7 @@ async fn slot_reused_after_an_abort(from_statistics: bool, tag: &str) {
     .without_seal();
     let mut w = TwoPhaseWriter::new(&sink, &subtask_info(0, 1, 0));
     w.ids_from_statistics
-        .store(from_statistics, std::sync::atomic::Ordering::Relaxed);
+        .store(ids == Ids::Statistics, std::sync::atomic::Ordering::Relaxed);
     w.recover(Vec::new()).await.expect("recover");
     w.write_batch(records(0, 50)).await.expect("write 1");
     let p1 = w.pre_commit(1).await.expect("pre-commit 1");
@@ -140,8 +159,8 @@ async fn slot_reused_after_an_abort(from_statistics: bool, tag: &str) {
     assert_eq!(
         w.ids_from_statistics
             .load(std::sync::atomic::Ordering::Relaxed),
-        from_statistics,
-        "the in-process broker answers DescribeTransactions"
+        ids != Ids::Coordinator,
+        "the statistics are used exactly when DescribeTransactions is not answered"
     );
     // a restart from checkpoint 3: the recovery commits 2 and 3 with the recorded ids (a
     // stale epoch would be refused as fenced, and the job would fail with data loss)
@@ -156,17 +175,23 @@ async fn slot_reused_after_an_abort(from_statistics: bool, tag: &str) {
     want.sort();
     assert_eq!(seen, want, "checkpoints 2 and 3 once, the aborted 1 never");
     drop(w);
+    drop(proxy);
     broker.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_reused_after_an_abort_records_the_epoch_recovery_commits_with() {
-    slot_reused_after_an_abort(false, "reuse").await;
+    slot_reused_after_an_abort(Ids::Coordinator, "reuse").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_ids_from_statistics_a_reused_slot_records_the_epoch_recovery_commits_with() {
-    slot_reused_after_an_abort(true, "reuse-stats").await;
+    slot_reused_after_an_abort(Ids::Statistics, "reuse-stats").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_describe_transactions_the_sink_learns_ids_from_the_statistics() {
+    slot_reused_after_an_abort(Ids::CoordinatorRefuses, "reuse-refused").await;
 }
 
 /// The coordinator's answer to DescribeTransactions right after init_transactions is what
