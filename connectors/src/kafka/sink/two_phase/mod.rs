@@ -40,8 +40,8 @@
 //! for one. A producer's id and epoch are fixed from its init_transactions until an abort
 //! (librdkafka bumps a transactional producer's epoch only inside abort_transaction, and
 //! librdkafka 2.12 speaks EndTxn v1, without KIP-890's bump per transaction), so they are
-//! learned once, and an aborted slot gets a fresh producer. Slots that recovery committed stay untouched (see above)
-//! and get their producer when first reused.
+//! learned once, and an aborted slot gets a fresh producer. Slots that recovery committed
+//! stay untouched (see above) and get their producer when first reused.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -179,7 +179,8 @@ const DESCRIBE_PATIENCE: Duration = Duration::from_secs(5);
 /// trip; see [`committer::describe_producer`] for why the answer is the producer's own), or,
 /// once the cluster could not answer that (`from_statistics` is then set for every later
 /// producer of the subtask), from librdkafka's statistics, which cost a wait of up to their
-/// 100 ms interval here and about 2 % of the job's CPU for as long as the producer lives.
+/// 100 ms interval here and about 1-1.5 % of the job's CPU for as long as the producer
+/// lives (docs/BENCHMARKS.md).
 /// Blocking: on a thread of tokio's blocking pool.
 fn make_producer(
     cfg: &KafkaSinkConfig,
