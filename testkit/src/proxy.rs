@@ -197,7 +197,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, requests: bool)
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 if requests {
-                    let refused = shared.refused_apis.lock().unwrap().clone();
+                    let refused = shared.refused_apis.lock().unwrap();
                     if !refused.is_empty() && framing.start_refused(&buf[..n], &refused) {
                         break;
                     }

@@ -4,8 +4,8 @@
 //! fence a transactional id without starting a librdkafka producer for it;
 //! DescribeTransactions, to learn the producer id and epoch a librdkafka producer's
 //! `init_transactions` got; and DescribeConfigs to read the broker's
-//! `transaction.max.timeout.ms`. Connections use TLS
-//! and SASL as the job's client properties say ([`ClientSecurity`]).
+//! `transaction.max.timeout.ms`. Connections use TLS and SASL as the job's client
+//! properties say ([`ClientSecurity`]).
 
 use std::time::{Duration, Instant};
 
@@ -45,8 +45,6 @@ pub mod codes {
     pub const CONCURRENT_TRANSACTIONS: i16 = 51;
     /// A newer producer with the same transactional id exists.
     pub const PRODUCER_FENCED: i16 = 90;
-    /// The coordinator knows no such transactional id (DescribeTransactions).
-    pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
     /// The principal may not use the transactional id (Write, or Describe for
     /// FindCoordinator).
     pub const TRANSACTIONAL_ID_AUTHORIZATION_FAILED: i16 = 53;

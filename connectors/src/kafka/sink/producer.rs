@@ -108,6 +108,23 @@ pub fn create(cfg: &KafkaSinkConfig, kind: Kind<'_>) -> Result<(Arc<Prod>, Ctx)>
     Ok((Arc::new(p), ctx))
 }
 
+/// Creates the transactional producer of `id` without statistics and runs its
+/// [`init_transactions`] (which fences every older producer of the id). Blocking.
+pub fn init_transactional(
+    cfg: &KafkaSinkConfig,
+    id: &str,
+    timeout: Duration,
+) -> Result<(Arc<Prod>, Ctx)> {
+    let kind = Kind::Transactional {
+        id,
+        learn_ids: false,
+    };
+    let (p, ctx) = create(cfg, kind)?;
+    init_transactions(&p, &cfg.default_topic, timeout)
+        .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
+    Ok((p, ctx))
+}
+
 /// The librdkafka settings of a sink's producer (see [`create`]).
 fn config(cfg: &KafkaSinkConfig, kind: Kind<'_>) -> ClientConfig {
     let mut c = cfg.client_properties.client_config(&cfg.brokers);

@@ -58,15 +58,7 @@ impl CheckpointSeal {
     /// code.
     pub fn fence_previous(cfg: &KafkaSinkConfig, link: OffsetsLink) -> super::super::Result<Self> {
         let id = seal_transactional_id(&cfg.transactional_id_prefix);
-        let (p, _ctx) = producer::create(
-            cfg,
-            producer::Kind::Transactional {
-                id: &id,
-                learn_ids: false,
-            },
-        )?;
-        producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
-            .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
+        let (p, _ctx) = producer::init_transactional(cfg, &id, TXN_CALL_TIMEOUT)?;
         metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);
         tracing::info!(transactional_id = %id, "checkpoint seal ready: older instances can no longer complete checkpoints");
         Ok(CheckpointSeal(Arc::new(SealInner {

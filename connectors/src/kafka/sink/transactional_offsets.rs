@@ -278,15 +278,7 @@ impl OffsetsLink {
 
 fn new_instance(cfg: &KafkaSinkConfig) -> super::super::Result<Instance> {
     let id = format!("{}-offsets", cfg.transactional_id_prefix);
-    let (p, ctx) = producer::create(
-        cfg,
-        producer::Kind::Transactional {
-            id: &id,
-            learn_ids: false,
-        },
-    )?;
-    producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
-        .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
+    let (p, ctx) = producer::init_transactional(cfg, &id, TXN_CALL_TIMEOUT)?;
     p.begin_transaction()
         .map_err(|e| KafkaError::client("begin_transaction", e))?;
     metrics::counter!(m::FENCING_EVENTS, "kind" => "recovery").increment(1);

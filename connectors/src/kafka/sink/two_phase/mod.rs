@@ -52,12 +52,12 @@ use rdkafka::producer::Producer;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use super::super::committer;
 use super::super::config::KafkaSinkConfig;
-use super::super::security::ClientSecurity;
 use super::super::{metrics as m, KafkaError};
 use super::producer::{self, blocking, Ctx, Prod};
 use super::{KafkaPending, KafkaSink, SinkRecord};
+use crate::kafka::committer;
+use crate::kafka::security::ClientSecurity;
 
 mod commit;
 mod recover;
@@ -188,13 +188,7 @@ fn make_producer(
     from_statistics: &AtomicBool,
 ) -> super::super::Result<Made> {
     if !from_statistics.load(Ordering::Relaxed) {
-        let kind = producer::Kind::Transactional {
-            id,
-            learn_ids: false,
-        };
-        let (p, ctx) = producer::create(cfg, kind)?;
-        producer::init_transactions(&p, &cfg.default_topic, TXN_CALL_TIMEOUT)
-            .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
+        let (p, ctx) = producer::init_transactional(cfg, id, TXN_CALL_TIMEOUT)?;
         let described = ClientSecurity::from_properties(
             &cfg.client_properties,
             "the two-phase-commit sink's DescribeTransactions",
