@@ -10,6 +10,11 @@
 #                 (retention.bytes, 4 MiB segments, retention checked every 100 ms), so the
 #                 in-memory log reuses its memory as the mock does
 #     durable     onceflow-broker --data-dir D --fsync every-batch
+#   produce 1 KiB pipelined: the same targets, a producer that is not idempotent (acks=all,
+#     max.in.flight=5). librdkafka's idempotent producer sends a partition's next request only
+#     once the last one is answered (2.12 compares the messages in flight with the limit of 5
+#     requests), so the rows above time one request at a time; these show a client that keeps
+#     several in flight, which is what lets the broker share an fsync among requests.
 #   fetch 1 KiB  (mock, memory, durable) a consumer reading, from the beginning, what a producer wrote ahead into a
 #                topic of FETCH_PARTITIONS partitions, from a standalone mock cluster process and
 #                from ours (the mock keeps only the last 5 MB of each partition, so the records
@@ -162,15 +167,31 @@ rate_of() {
 }
 
 PRODUCER_OPTS=(-X enable.idempotence=true -X linger.ms=5)
+PIPELINED_OPTS=(-p 0 -X enable.idempotence=false -X acks=all -X max.in.flight=5)
+
+# CPU seconds (user + system) a running process has used so far.
+TICKS_PER_S=$(getconf CLK_TCK)
+cpu_of() { awk -v hz="$TICKS_PER_S" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$1/stat"; }
 
 # produce SIZE COUNT TOPIC ADDR|mock LOG [PARTITION ARGS]: one partition (-p 0) by default.
+# Sets CLIENT_CPU (the perf tool's CPU seconds, the mock's included when it is the target) and
+# BROKER_CPU (the broker's during the run, when BROKER_PID is set).
 produce() {
     local target=(-b "$4")
     [[ $4 == mock ]] && target=(-X test.mock.num.brokers=1)
     local partitions=("${@:6}")
     [[ $# -lt 6 ]] && partitions=(-p 0)
-    timeout "$RUN_TIMEOUT" "$PERF" -P -t "$3" "${partitions[@]}" -s "$1" -c "$2" \
-        "${PRODUCER_OPTS[@]}" "${target[@]}" >"$5" 2>&1 || true
+    local before=0
+    [[ -n $BROKER_PID ]] && before=$(cpu_of "$BROKER_PID")
+    local TIMEFORMAT='%U %S'
+    # The extra arguments come last: a later -X overrides an earlier one.
+    local times
+    times=$({ time timeout "$RUN_TIMEOUT" "$PERF" -P -t "$3" -s "$1" -c "$2" \
+        "${PRODUCER_OPTS[@]}" "${target[@]}" "${partitions[@]}" >"$5" 2>&1 || true; } 2>&1)
+    CLIENT_CPU=$(awk '{printf "%.2f", $1 + $2}' <<<"$times")
+    BROKER_CPU=-
+    [[ -n $BROKER_PID ]] && BROKER_CPU=$(awk -v a="$before" -v b="$(cpu_of "$BROKER_PID")" 'BEGIN {printf "%.2f", b - a}')
+    return 0
 }
 
 # consume COUNT TOPIC ADDR LOG: reads COUNT records from every partition of the topic.
@@ -179,10 +200,16 @@ consume() {
     for p in $(seq 0 $((FETCH_PARTITIONS - 1))); do partitions+=(-p "$p"); done
     timeout "$RUN_TIMEOUT" "$PERF" -C -t "$2" "${partitions[@]}" -o beginning -c "$1" -b "$3" \
         >"$4" 2>&1 || true
+    CLIENT_CPU=- BROKER_CPU=-
 }
 
-declare -A RESULTS
-record() { RESULTS[$1]="${RESULTS[$1]:-} $2"; }
+declare -A RESULTS CLIENT_CPUS BROKER_CPUS
+# record CASE|TARGET RATE: a run's rate, with the CPU seconds of the produce run before it.
+record() {
+    RESULTS[$1]="${RESULTS[$1]:-} $2"
+    CLIENT_CPUS[$1]="${CLIENT_CPUS[$1]:-} ${CLIENT_CPU:--}"
+    BROKER_CPUS[$1]="${BROKER_CPUS[$1]:-} ${BROKER_CPU:--}"
+}
 
 # --- runs -----------------------------------------------------------------------------------
 echo "rdkafka_performance: $("$PERF" -h 2>&1 | grep -m1 'librdkafka version' || true)"
@@ -206,6 +233,16 @@ for rep in $(seq "$REPEATS"); do
             cleanup
         done
     done
+    # The same 1 KiB records from a producer that keeps several requests in flight.
+    count=$COUNT_LARGE
+    produce 1024 "$count" perf-pipe mock "$log" "${PIPELINED_OPTS[@]}"
+    record "produce 1024 B pipelined|mock" "$(rate_of "$log" "$count")"
+    for kind in "${KINDS[@]}"; do
+        start_broker "$kind"
+        produce 1024 "$count" perf-pipe "$BROKER_ADDR" "$log" "${PIPELINED_OPTS[@]}"
+        record "produce 1024 B pipelined|$kind" "$(rate_of "$log" "$count")"
+        cleanup
+    done
     # Fetch: fill a many-partition topic (records spread at random), then read it all.
     for kind in mock "${KINDS[@]}"; do
         # A bounded log has dropped the beginning a consumer reads from.
@@ -219,6 +256,7 @@ for rep in $(seq "$REPEATS"); do
         fi
         produce 1024 "$COUNT_FETCH" perf-fetch "$addr" "$WORK/fill.log" -X partitioner=random
         if [[ $(rate_of "$WORK/fill.log" "$COUNT_FETCH") == FAIL ]]; then
+            CLIENT_CPU=- BROKER_CPU=-
             record "fetch 1024 B|$kind" FAIL
         else
             consume "$COUNT_FETCH" perf-fetch "$addr" "$log"
@@ -234,7 +272,7 @@ echo
 echo "records/s per run; median; MB/s of payload at the median; ratio = median / mock's median"
 echo "(machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); other processes may share it)"
 printf '%-28s %-15s %-32s %10s %8s %7s\n' case target runs median MB/s ratio
-for case_ in "produce 100 B" "produce 1024 B" "fetch 1024 B"; do
+for case_ in "produce 100 B" "produce 1024 B" "produce 1024 B pipelined" "fetch 1024 B"; do
     size=100
     [[ $case_ == *1024* ]] && size=1024
     mock_median=$(echo "${RESULTS["$case_|mock"]:-}" | median)
@@ -248,5 +286,21 @@ for case_ in "produce 100 B" "produce 1024 B" "fetch 1024 B"; do
             ratio=$(awk -v r="$m" -v b="$mock_median" 'BEGIN {printf "%.2fx", r / b}')
         fi
         printf '%-28s %-15s %-32s %10s %8s %7s\n' "$case_" "$kind" "${runs# }" "$m" "$mbs" "$ratio"
+    done
+done
+
+# CPU of the produce rows: the perf tool's (with the mock's thread when the mock is the
+# target) and the broker's, per run; the pair's total is what the two cores share.
+median_f() { tr ' ' '\n' | { grep -E '^[0-9.]+$' || true; } | sort -g | awk '{a[NR]=$1} END {if (NR==0) print "-"; else print a[int((NR+1)/2)]}'; }
+echo
+echo "CPU seconds per produce run, median: client = the perf tool (the mock included for mock), broker = onceflow-broker"
+printf '%-28s %-15s %8s %8s %8s\n' case target client broker total
+for case_ in "produce 100 B" "produce 1024 B" "produce 1024 B pipelined"; do
+    for kind in mock "${KINDS[@]}"; do
+        [[ -z ${RESULTS["$case_|$kind"]:-} ]] && continue
+        c=$(echo "${CLIENT_CPUS["$case_|$kind"]}" | median_f)
+        b=$(echo "${BROKER_CPUS["$case_|$kind"]}" | median_f)
+        t=$(awk -v c="$c" -v b="$b" 'BEGIN {printf "%.2f", c + (b == "-" ? 0 : b)}')
+        printf '%-28s %-15s %8s %8s %8s\n' "$case_" "$kind" "$c" "$b" "$t"
     done
 done
