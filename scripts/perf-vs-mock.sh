@@ -19,6 +19,8 @@
 #                topic of FETCH_PARTITIONS partitions, from a standalone mock cluster process and
 #                from ours (the mock keeps only the last 5 MB of each partition, so the records
 #                are spread over many partitions to fit)
+# After the rates, the CPU seconds of each produce run: the perf tool's (the mock's thread
+# included when the mock is the target) and the broker's (from /proc), medians.
 # A fresh broker (and data directory) per run keeps runs independent.
 # With BASE_BIN set, a second broker build (e.g. the previous commit's) runs beside the first
 # in every repetition, as targets base-memory and base-durable, for before/after ratios taken
