@@ -179,20 +179,14 @@ pub fn give_back(buf: BytesMut) {
 /// is its only handle.
 pub fn reusable(mut buf: BytesMut) -> Option<BytesMut> {
     buf.clear();
-    // Reclaims the allocation's full capacity when `buf` is its only handle (no copy: it is
-    // empty).
-    if !(buf.try_reclaim(BUFFER) && buf.capacity() >= BUFFER) {
-        return None;
-    }
-    // A pool buffer reclaimed through a later piece is back at its allocation's start, before
-    // the huge-page boundary its mapped pages begin at, with the whole allocation as its
-    // capacity: it goes back to its mapped BUFFER bytes.
-    let start = buf.as_ptr() as usize;
-    let skip = start.next_multiple_of(HUGE_PAGE) - start;
-    if buf.capacity() > BUFFER && buf.capacity() >= skip + BUFFER {
+    // A pool buffer's allocation is a huge page larger than the buffer. Asking for all of it
+    // moves the view back to the allocation's start (no copy: it is empty), wherever in the
+    // buffer the handle was, and the mapped BUFFER bytes are found from there.
+    if buf.try_reclaim(BUFFER + HUGE_PAGE) {
         return aligned(buf);
     }
-    Some(buf)
+    // Any other allocation of a whole buffer's size, when `buf` is its only handle.
+    (buf.try_reclaim(BUFFER) && buf.capacity() >= BUFFER).then_some(buf)
 }
 
 #[cfg(test)]
@@ -230,6 +224,14 @@ mod tests {
         let frame = buf.split_to(1000).freeze();
         drop(buf);
         let back = reusable(frame.try_into_mut().expect("unique")).expect("the only handle");
+        assert_eq!(back.as_ptr() as usize, start);
+        assert_eq!(back.capacity(), BUFFER);
+        // Through a handle that starts inside the buffer (a log's tail after its first
+        // pieces), it comes back at its start as well.
+        let mut buf = back;
+        buf.extend_from_slice(&pattern[..1000]);
+        drop(buf.split_to(1000));
+        let back = reusable(buf).expect("the only handle");
         assert_eq!(back.as_ptr() as usize, start);
         assert_eq!(back.capacity(), BUFFER);
     }
