@@ -11,7 +11,7 @@
 //! kernel allows them (`MADV_HUGEPAGE`), and its pages are mapped with one
 //! `MADV_POPULATE_WRITE` call instead of a write to every page (a trap, zeroing and a memory
 //! charge per 4 KiB page). On this project's 2-core VM that took the thread's CPU per MB an
-//! in-memory broker keeps from about 0.7 ms to about 0.3 ms (docs/BENCHMARKS.md, "Huge pages
+//! in-memory broker keeps from about 0.7 ms to about 0.3 ms (docs/BENCHMARKS.md, "huge pages
 //! for the buffer pool"). Where either advice is not available (an older kernel, huge pages
 //! off) a buffer is written once instead.
 //!
@@ -87,16 +87,20 @@ impl Pool {
 /// A new empty buffer of exactly [`BUFFER`] bytes' capacity, starting on a huge-page boundary,
 /// with its pages mapped.
 fn fresh() -> BytesMut {
-    // Over-allocated by a huge page so that an aligned BUFFER fits; the skipped head and the
-    // rest after the buffer are never written, so they cost address space, not memory.
-    let mut buf = aligned(BytesMut::with_capacity(BUFFER + HUGE_PAGE))
-        .unwrap_or_else(|| BytesMut::with_capacity(BUFFER));
+    let mut buf = allocate().unwrap_or_else(|| BytesMut::with_capacity(BUFFER));
     if !map_ahead(&mut buf.spare_capacity_mut()[..BUFFER]) {
         // Writing every byte once makes the kernel map (and zero) the pages now.
         buf.resize(BUFFER, 0);
         buf.clear();
     }
     buf
+}
+
+/// A huge-page-aligned buffer of [`BUFFER`] bytes' capacity, its pages not yet mapped. The
+/// allocation is a huge page larger so that an aligned buffer fits; the skipped head and the
+/// rest after the buffer are never written, so they cost address space, not memory.
+fn allocate() -> Option<BytesMut> {
+    aligned(BytesMut::with_capacity(BUFFER + HUGE_PAGE))
 }
 
 /// The [`BUFFER`] bytes of the empty `buf` that start at its first huge-page boundary, as a
@@ -175,8 +179,8 @@ pub fn give_back(buf: BytesMut) {
     }
 }
 
-/// `buf` emptied and grown back to its whole allocation, if that is a whole buffer and `buf`
-/// is its only handle.
+/// `buf` emptied and made a whole buffer again (a pool buffer: its aligned, mapped
+/// [`BUFFER`] bytes), if its allocation holds one and `buf` is its only handle.
 pub fn reusable(mut buf: BytesMut) -> Option<BytesMut> {
     buf.clear();
     // A pool buffer's allocation is a huge page larger than the buffer. Asking for all of it
@@ -263,7 +267,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn map_ahead_maps_every_page_without_writing_them() {
-        let mut buf = aligned(BytesMut::with_capacity(BUFFER + HUGE_PAGE)).expect("room");
+        let mut buf = allocate().expect("room");
         let addr = buf.as_ptr() as usize;
         assert!(
             map_ahead(&mut buf.spare_capacity_mut()[..BUFFER]),
