@@ -66,6 +66,12 @@ struct Args {
     /// Skip the raw producer.
     #[arg(long)]
     no_raw: bool,
+    /// Run the modes of each repetition at the same time, each its own job, and take every
+    /// row's throughput over the window they share (see pipeline.rs): the VM's changes of
+    /// speed then fall on all of them alike, so their ratios are steadier; absolute rates are
+    /// a share of the machine's.
+    #[arg(long)]
+    concurrent: bool,
     /// Skip the pipeline.
     #[arg(long)]
     no_pipeline: bool,
@@ -204,7 +210,8 @@ fn main() -> anyhow::Result<()> {
             .and_then(|l| l.strip_prefix("machine at start: "))
             .unwrap_or("unknown (replotted)")
             .to_string();
-        write_outputs(&out, &points, &machine_line, Instant::now())?;
+        let concurrent = md.contains(CONCURRENT_NOTE);
+        write_outputs(&out, &points, &machine_line, Instant::now(), concurrent)?;
         println!("{}", std::fs::read_to_string(out.join("txn_size.md"))?);
         return Ok(());
     }
@@ -341,13 +348,14 @@ fn main() -> anyhow::Result<()> {
                     let backlog = (guess_rate * secs).max(1000.0) as u64;
                     // repetitions go round the modes, so every mode sees the same noise
                     for rep in 0..repeat {
+                        let mut specs = Vec::new();
                         for mode in &modes {
                             // the copy loop has no checkpoints: once per record size
                             if mode == "raw-copy" && k > 0 {
                                 continue;
                             }
                             counter += 1;
-                            let spec = pipeline::Spec {
+                            specs.push(pipeline::Spec {
                                 bin: if mode == "raw-copy" { &self_bin } else { &bin },
                                 brokers: &brokers,
                                 storage,
@@ -360,15 +368,30 @@ fn main() -> anyhow::Result<()> {
                                 parallelism: args.parallelism,
                                 rep,
                                 clock_ticks,
-                            };
-                            match pipeline::run(&rt, &spec) {
+                                start: None,
+                            });
+                        }
+                        let labels: Vec<&str> = specs.iter().map(|s| s.mode).collect();
+                        let results = if args.concurrent {
+                            pipeline::run_concurrently(&rt, specs)
+                        } else {
+                            specs.iter().map(|s| pipeline::run(&rt, s)).collect()
+                        };
+                        for (mode, r) in labels.into_iter().zip(results) {
+                            match r {
                                 Ok(p) => {
                                     eprintln!(
                                         "{storage} {bytes} B {mode} {ms} ms (rep {rep}): {:.0} records/s steady, start-up {:.2} s of {:.1} s, {:.1} CPU s per M records, e2e p50 {:.1} ms",
                                         p.records_per_s, p.startup_s, p.run_s, p.cpu_s_per_m, p.e2e_ms.0
                                     );
                                     points.push(p);
-                                    write_outputs(&out, &points, &machine_before, started)?;
+                                    write_outputs(
+                                        &out,
+                                        &points,
+                                        &machine_before,
+                                        started,
+                                        args.concurrent,
+                                    )?;
                                 }
                                 Err(e) => {
                                     eprintln!("{storage} {bytes} B {mode} {ms} ms: FAILED: {e:#}")
@@ -383,7 +406,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(b.shutdown());
         }
     }
-    write_outputs(&out, &points, &machine_before, started)?;
+    write_outputs(&out, &points, &machine_before, started, args.concurrent)?;
     println!("{}", std::fs::read_to_string(out.join("txn_size.md"))?);
     println!(
         "wrote txn_size.md, txn_size.svg and txn_size.png to {}",
@@ -392,6 +415,9 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Said in txn_size.md of a `--concurrent` run (and recognised by `--replot`).
+const CONCURRENT_NOTE: &str = "The modes of each repetition ran at the same time (--concurrent): each row's records/s and CPU s / M records are over the window all of them were in their steady part.\n\n";
+
 /// Writes txn_size.md, txn_size.svg and txn_size.png; called after every point so a cut run
 /// keeps what it measured.
 fn write_outputs(
@@ -399,12 +425,14 @@ fn write_outputs(
     points: &[common::Point],
     machine_before: &str,
     started: Instant,
+    concurrent: bool,
 ) -> anyhow::Result<()> {
     let table = report::table(points);
     let targets = report::targets(points);
     let machine_now = machine();
+    let how = if concurrent { CONCURRENT_NOTE } else { "" };
     let md = format!(
-        "machine at start: {machine_before}\n\nmachine at end: {machine_now}\n\nwall time: {:.0} s\n\n{table}\nGoals (this run; ratios of medians, in brackets min-max of the ratios of the repetitions run side by side):\n\n{targets}",
+        "machine at start: {machine_before}\n\nmachine at end: {machine_now}\n\nwall time: {:.0} s\n\n{how}{table}\nGoals (this run; ratios of medians, in brackets min-max of the ratios of the repetitions run side by side):\n\n{targets}",
         started.elapsed().as_secs_f64()
     );
     std::fs::write(out.join("txn_size.md"), &md)?;

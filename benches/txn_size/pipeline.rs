@@ -8,12 +8,19 @@
 //! million backlog records. Latency phase: then `rate` records/s paced for a few checkpoint
 //! intervals, each timed from its send (its input timestamp) to its output's read_committed
 //! visibility.
+//!
+//! With `--concurrent` ([`run_concurrently`]) the modes of one repetition run at the same
+//! time, each its own job process with its own topics, against the one broker: every backlog
+//! is prefilled first, the jobs start together, and each job's throughput is taken over the
+//! common window, from the moment the last of them had 5% of its backlog visible to the
+//! moment the first had 95%. The VM's speed then changes under all of them at once, so their
+//! ratio does not carry it; each job has about a share of the cores instead of all of them.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -55,6 +62,42 @@ pub struct Spec<'a> {
     pub rep: usize,
     /// Clock ticks per second of /proc/<pid>/stat.
     pub clock_ticks: f64,
+    /// Set when the point runs beside others: its job starts once every point's backlog is
+    /// prefilled.
+    pub start: Option<Arc<StartGate>>,
+}
+
+/// Holds the jobs of points run concurrently until every one of them is ready to start.
+pub struct StartGate {
+    expected: usize,
+    arrived: Mutex<usize>,
+    all: Condvar,
+}
+
+/// How long a point ready to start waits for the others (one that failed never arrives).
+const GATE_PATIENCE: Duration = Duration::from_secs(300);
+
+impl StartGate {
+    pub fn new(expected: usize) -> Self {
+        StartGate {
+            expected,
+            arrived: Mutex::new(0),
+            all: Condvar::new(),
+        }
+    }
+
+    /// Counts this point in and waits for the rest; `false` if they did not all arrive in
+    /// [`GATE_PATIENCE`] (the point then starts anyway).
+    fn arrive(&self) -> bool {
+        let mut n = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
+        *n += 1;
+        self.all.notify_all();
+        let (n, timeout) = self
+            .all
+            .wait_timeout_while(n, GATE_PATIENCE, |n| *n < self.expected)
+            .unwrap_or_else(|e| e.into_inner());
+        !timeout.timed_out() || *n >= self.expected
+    }
 }
 
 /// Visibility times (us) of the backlog: first record, STEADY_EDGE, 1 - STEADY_EDGE, all.
@@ -118,13 +161,151 @@ fn id_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<u64> {
 
 /// Runs one point.
 pub fn run(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Point> {
+    run_timed(rt, s).map(|m| m.point)
+}
+
+/// A point and the times (us) at which its backlog records became visible, in order: entry
+/// k is when k + 1 distinct backlog records were.
+struct Measured {
+    point: Point,
+    visible: Vec<u64>,
+    /// (time us, the job's CPU seconds) every [`CPU_SAMPLE_STEP`] until the backlog was
+    /// visible.
+    cpu_seen: Vec<(u64, f64)>,
+}
+
+/// How often a point samples its job's CPU time while the backlog goes through.
+const CPU_SAMPLE_STEP: Duration = Duration::from_millis(50);
+
+fn run_timed(rt: &tokio::runtime::Runtime, s: &Spec<'_>) -> anyhow::Result<Measured> {
     let (input, output) = (format!("in-{}", s.tag), format!("out-{}", s.tag));
     let dlq = format!("{output}.dlq");
     let parts = s.parallelism as i32;
-    create_topics(rt, s.brokers, &[&input, &output, &dlq], parts)?;
-    let r = measure(s, &input, &output, parts);
+    let created = create_topics(rt, s.brokers, &[&input, &output, &dlq], parts);
+    let r = created.and_then(|()| measure(s, &input, &output, parts));
+    if r.is_err() {
+        // the others wait for this point's job until it arrives: do not keep them waiting
+        if let Some(gate) = &s.start {
+            let _ = std::thread::spawn({
+                let gate = gate.clone();
+                move || gate.arrive()
+            });
+        }
+    }
     delete_topics(rt, s.brokers, &[&input, &output, &dlq]);
     r
+}
+
+/// Runs the points at the same time (see the module documentation); each result is in the
+/// order of `specs`. A point's `records_per_s` and `steady_s` are over the window that all
+/// the successful points share; if they share none (one finished before another reached 5%)
+/// each keeps its own and a warning says so.
+pub fn run_concurrently(
+    rt: &tokio::runtime::Runtime,
+    mut specs: Vec<Spec<'_>>,
+) -> Vec<anyhow::Result<Point>> {
+    let gate = Arc::new(StartGate::new(specs.len()));
+    for s in &mut specs {
+        s.start = Some(gate.clone());
+    }
+    let mut results: Vec<anyhow::Result<Measured>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = specs
+            .iter()
+            .map(|s| scope.spawn(move || run_timed(rt, s)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the point's thread panicked")))
+            })
+            .collect()
+    });
+    let ok: Vec<&Measured> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let window = common_window(&ok.iter().map(|m| &m.visible[..]).collect::<Vec<_>>());
+    match window {
+        Some((t1, t2)) => {
+            for m in results.iter_mut().filter_map(|r| r.as_mut().ok()) {
+                let secs = (t2 - t1) as f64 / 1e6;
+                let records = visible_at(&m.visible, t2) - visible_at(&m.visible, t1);
+                m.point.records_per_s = records / secs;
+                m.point.steady_s = secs;
+                // CPU per record over the same window: the job's efficiency, whatever share
+                // of the cores it got
+                if let (Some(c1), Some(c2)) = (cpu_at(&m.cpu_seen, t1), cpu_at(&m.cpu_seen, t2)) {
+                    m.point.cpu_s_per_m = (c2 - c1) / records.max(1.0) * 1e6;
+                    tracing::info!(mode = %m.point.mode, rep = m.point.rep, cores = (c2 - c1) / secs, "CPU share over the common window");
+                }
+            }
+        }
+        None if ok.len() > 1 => tracing::warn!(
+            "the concurrent points share no steady window: each keeps its own throughput"
+        ),
+        None => {}
+    }
+    results.into_iter().map(|r| r.map(|m| m.point)).collect()
+}
+
+/// Marks of a backlog of `n` records: how many are visible where the steady part starts and
+/// where it ends.
+fn steady_marks(n: u64) -> (u64, u64) {
+    let lo = ((n as f64 * STEADY_EDGE).ceil() as u64).max(1);
+    let hi = ((n as f64 * (1.0 - STEADY_EDGE)).floor() as u64).max(lo);
+    (lo, hi)
+}
+
+/// The window (us) in which every timeline is between its 5% and 95% marks, if any.
+fn common_window(timelines: &[&[u64]]) -> Option<(u64, u64)> {
+    let mut start = 0u64;
+    let mut end = u64::MAX;
+    for v in timelines {
+        if v.is_empty() {
+            return None;
+        }
+        let (lo, hi) = steady_marks(v.len() as u64);
+        start = start.max(v[lo as usize - 1]);
+        end = end.min(v[hi as usize - 1]);
+    }
+    (!timelines.is_empty() && end > start).then_some((start, end))
+}
+
+/// The job's CPU seconds at `t`, interpolated between the samples around it.
+fn cpu_at(samples: &[(u64, f64)], t: u64) -> Option<f64> {
+    let k = samples.partition_point(|&(x, _)| x <= t);
+    let (ta, ca) = *samples.get(k.checked_sub(1)?)?;
+    let (tb, cb) = *samples.get(k)?;
+    Some(ca + (cb - ca) * (t - ta) as f64 / (tb - ta).max(1) as f64)
+}
+
+/// Gap (us) that separates two bursts of visibility in [`visible_at`].
+const BURST_GAP_US: u64 = 1000;
+
+/// Records of a timeline visible at `t`, interpolated: a read_committed consumer sees the
+/// output in bursts (a two-phase-commit job's at every commit), so progress is drawn as a
+/// straight line from the end of one burst (its time and count) to the end of the next, not
+/// as a staircase that would put up to a burst's worth of error at each edge of the window.
+fn visible_at(visible: &[u64], t: u64) -> f64 {
+    let n = visible.len();
+    let ends_burst = |i: usize| i + 1 == n || visible[i + 1] - visible[i] > BURST_GAP_US;
+    let k = visible.partition_point(|&x| x <= t);
+    if k == 0 {
+        return 0.0;
+    }
+    if k == n {
+        return n as f64;
+    }
+    // the last burst that ended by t (none: the line starts at the first record, count 0)
+    let (ta, ca) = match (0..k).rev().find(|&i| ends_burst(i)) {
+        Some(i) => (visible[i], (i + 1) as f64),
+        None => (visible[0], 0.0),
+    };
+    // the burst that ends after t
+    let b = (k..n).find(|&i| ends_burst(i)).unwrap_or(n - 1);
+    let (tb, cb) = (visible[b], (b + 1) as f64);
+    if tb <= ta {
+        return ca;
+    }
+    ca + (cb - ca) * t.saturating_sub(ta) as f64 / (tb - ta) as f64
 }
 
 fn job_command(s: &Spec<'_>, input: &str, output: &str, ckpt: &Path, max: u64) -> Command {
@@ -152,7 +333,7 @@ fn job_command(s: &Spec<'_>, input: &str, output: &str, ckpt: &Path, max: u64) -
     c
 }
 
-fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Result<Point> {
+fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Result<Measured> {
     let (input, output) = (input.to_string(), output.to_string());
     let interval = Duration::from_millis(s.interval_ms);
     let latency_secs = (3 * s.interval_ms).max(2000) as f64 / 1000.0;
@@ -168,15 +349,15 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
 
     // watcher of the output
     let sent: Arc<Vec<AtomicU64>> = Arc::new((0..n2).map(|_| AtomicU64::new(0)).collect());
-    let (phase_tx, phase_rx) = mpsc::channel::<BacklogTimes>();
+    let (phase_tx, phase_rx) = mpsc::channel::<(BacklogTimes, Vec<u64>)>();
     let watcher = {
         let (brokers, output, sent) = (s.brokers.to_string(), output.clone(), sent.clone());
         std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
             let c = committed_reader(&brokers, &output, parts)?;
             let mut seen = vec![false; n1 as usize];
             let mut backlog_seen = 0u64;
-            let lo_n = ((n1 as f64 * STEADY_EDGE).ceil() as u64).max(1);
-            let hi_n = ((n1 as f64 * (1.0 - STEADY_EDGE)).floor() as u64).max(lo_n);
+            let mut visible = Vec::with_capacity(n1 as usize);
+            let (lo_n, hi_n) = steady_marks(n1);
             let mut times = BacklogTimes {
                 first: 0,
                 lo: (0, 0),
@@ -192,6 +373,7 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
                         if !seen[id as usize] {
                             seen[id as usize] = true;
                             backlog_seen += 1;
+                            visible.push(t);
                             if backlog_seen == 1 {
                                 times.first = t;
                             }
@@ -203,7 +385,7 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
                             }
                             if backlog_seen == n1 {
                                 times.all = t;
-                                let _ = phase_tx.send(times);
+                                let _ = phase_tx.send((times, std::mem::take(&mut visible)));
                             }
                         }
                     } else if let Some(i) = (id - n1)
@@ -230,7 +412,12 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
         })
     };
 
-    // the job
+    // the job (with others: once they are all ready too)
+    if let Some(gate) = &s.start {
+        if !gate.arrive() {
+            tracing::warn!(tag = %s.tag, "not every concurrent point got ready: starting anyway");
+        }
+    }
     let dir = tempfile::tempdir()?;
     let stderr = std::fs::File::create(dir.path().join("stderr.log"))?;
     let spawned = now_us();
@@ -277,9 +464,20 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    let backlog = phase_rx
-        .recv_timeout(Duration::from_secs(600))
-        .map_err(|_| anyhow::anyhow!("backlog not visible in time; stderr:\n{}", stderr_tail()))?;
+    // the job's CPU seconds over time, for the common window of concurrent points
+    let mut cpu_seen: Vec<(u64, f64)> = Vec::new();
+    let backlog_deadline = Instant::now() + Duration::from_secs(600);
+    let (backlog, visible) = loop {
+        match phase_rx.recv_timeout(CPU_SAMPLE_STEP) {
+            Ok(v) => break v,
+            Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < backlog_deadline => {
+                if let Some(c) = process_cpu_seconds(child.0.id(), s.clock_ticks) {
+                    cpu_seen.push((now_us(), c));
+                }
+            }
+            Err(_) => anyhow::bail!("backlog not visible in time; stderr:\n{}", stderr_tail()),
+        }
+    };
     let cpu = process_cpu_seconds(child.0.id(), s.clock_ticks).unwrap_or(f64::NAN);
 
     // latency phase: paced input, send time = input timestamp
@@ -341,7 +539,7 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
     } else {
         p50_p99(commits)
     };
-    Ok(Point {
+    let point = Point {
         storage: s.storage.to_string(),
         record_bytes: s.record_bytes,
         mode: s.mode.to_string(),
@@ -360,5 +558,10 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
         steady_s: secs,
         cpu_s_per_m: cpu / n1 as f64 * 1e6,
         rep: s.rep,
+    };
+    Ok(Measured {
+        point,
+        visible,
+        cpu_seen,
     })
 }
