@@ -209,8 +209,8 @@ pub struct Point {
     pub run_s: f64,
     /// Seconds of the throughput phase (start-up excluded).
     pub steady_s: f64,
-    /// CPU seconds (user + system) of the job process per million input records, counted
-    /// from its start until the backlog was visible (NaN for the in-process raw producer).
+    /// CPU seconds (user + system) of the job process per million records, over the steady
+    /// part (NaN for the in-process raw producer).
     pub cpu_s_per_m: f64,
     /// Repetition index of this row (0-based).
     pub rep: usize,

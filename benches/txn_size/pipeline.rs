@@ -4,10 +4,10 @@
 //! time from spawning the process to its first output visible to a read_committed consumer;
 //! throughput is taken over the steady part, from the moment 5% of the backlog was visible to
 //! the moment 95% was, so neither start-up nor the wait for the last commit counts. CPU is
-//! the child's user + system time (/proc/<pid>/stat) when the whole backlog was visible, per
-//! million backlog records. Latency phase: then `rate` records/s paced for a few checkpoint
-//! intervals, each timed from its send (its input timestamp) to its output's read_committed
-//! visibility.
+//! the child's user + system time (/proc/<pid>/stat, sampled every 50 ms) over that same
+//! steady part, per million records that became visible in it. Latency phase: then `rate`
+//! records/s paced for a few checkpoint intervals, each timed from its send (its input
+//! timestamp) to its output's read_committed visibility.
 //!
 //! With `--concurrent` ([`run_concurrently`]) the modes of one repetition run at the same
 //! time, each its own job process with its own topics, against the one broker: every backlog
@@ -478,7 +478,9 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
             Err(_) => anyhow::bail!("backlog not visible in time; stderr:\n{}", stderr_tail()),
         }
     };
-    let cpu = process_cpu_seconds(child.0.id(), s.clock_ticks).unwrap_or(f64::NAN);
+    if let Some(c) = process_cpu_seconds(child.0.id(), s.clock_ticks) {
+        cpu_seen.push((now_us(), c));
+    }
 
     // latency phase: paced input, send time = input timestamp
     let t0 = Instant::now();
@@ -533,6 +535,15 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
     let secs = (backlog.hi.1.saturating_sub(backlog.lo.1) as f64 / 1e6).max(1e-6);
     let rate = (backlog.hi.0 - backlog.lo.0).max(1) as f64 / secs;
     let startup_s = backlog.first.saturating_sub(spawned) as f64 / 1e6;
+    // CPU per record of the steady part, so that start-up (the transactional modes make
+    // their producers then) does not enter it; start-up is its own column
+    let cpu_s_per_m = match (
+        cpu_at(&cpu_seen, backlog.lo.1),
+        cpu_at(&cpu_seen, backlog.hi.1),
+    ) {
+        (Some(c1), Some(c2)) => (c2 - c1) / (backlog.hi.0 - backlog.lo.0).max(1) as f64 * 1e6,
+        _ => f64::NAN,
+    };
     tracing::debug!(?backlog, spawned, "backlog visibility");
     let commit_ms = if commits.is_empty() {
         (f64::NAN, f64::NAN)
@@ -556,7 +567,7 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
         startup_s,
         run_s: backlog.all.saturating_sub(spawned) as f64 / 1e6,
         steady_s: secs,
-        cpu_s_per_m: cpu / n1 as f64 * 1e6,
+        cpu_s_per_m,
         rep: s.rep,
     };
     Ok(Measured {
