@@ -419,10 +419,17 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
         }
     }
     let dir = tempfile::tempdir()?;
-    let stderr = std::fs::File::create(dir.path().join("stderr.log"))?;
+    // TXN_SIZE_JOB_LOG (a RUST_LOG filter, for diagnosis) logs the job to
+    // job-<tag>.log in the current directory instead of a file deleted with the row
+    let log_filter = std::env::var("TXN_SIZE_JOB_LOG").ok();
+    let stderr_path = match &log_filter {
+        Some(_) => std::path::PathBuf::from(format!("job-{}.log", s.tag)),
+        None => dir.path().join("stderr.log"),
+    };
+    let stderr = std::fs::File::create(&stderr_path)?;
     let spawned = now_us();
     let child = job_command(s, &input, &output, &dir.path().join("ckpt"), n1 + n2)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", log_filter.as_deref().unwrap_or("warn"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr)
@@ -442,7 +449,7 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
         })
     };
     let stderr_tail = || {
-        std::fs::read_to_string(dir.path().join("stderr.log"))
+        std::fs::read_to_string(&stderr_path)
             .map(|s| s.lines().rev().take(15).collect::<Vec<_>>().join("\n"))
             .unwrap_or_default()
     };

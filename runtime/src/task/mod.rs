@@ -17,6 +17,38 @@ use crate::state::format::encode;
 use crate::state::SubtaskSnapshot;
 use crate::{Error, Result};
 
+/// How long a subtask runs before it gives its worker thread back to tokio: timers fire
+/// within about this much of their time. 1 ms cost the example job about 10 % more CPU per
+/// record (more rounds through the scheduler, smaller bursts per channel); 10 ms cost nothing
+/// measurable (docs/BENCHMARKS.md).
+pub(crate) const TIME_SLICE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Makes a busy subtask yield once it has run for [`TIME_SLICE`]. tokio's cooperative
+/// budget (128 channel operations per poll) assumes cheap operations, but here one operation
+/// carries a batch of up to 256 records, so a subtask with input waiting could keep its
+/// worker for tens of milliseconds per poll. tokio fires timers and picks up tasks woken
+/// from other threads (a blocking call that finished, such as a sink's drain or commit) only
+/// between polls, every 61 of them when work keeps coming, so the checkpoint coordinator's
+/// ticks and a sink's wake-ups came hundreds of milliseconds late under load. A yield lets
+/// the worker poll its timers and I/O first.
+pub(crate) struct Slice(std::time::Instant);
+
+impl Slice {
+    pub(crate) fn new() -> Self {
+        Slice(std::time::Instant::now())
+    }
+
+    /// Yields if this subtask has run for [`TIME_SLICE`] since its last yield here (it may
+    /// have waited in between: then the yield is one extra, cheap, round through the
+    /// scheduler).
+    pub(crate) async fn tick(&mut self) {
+        if self.0.elapsed() >= TIME_SLICE {
+            tokio::task::yield_now().await;
+            self.0 = std::time::Instant::now();
+        }
+    }
+}
+
 /// Messages from subtasks to the checkpoint coordinator.
 #[derive(Debug)]
 pub(crate) enum CoordinatorMsg {
@@ -141,5 +173,38 @@ impl TaskContext {
                 .map_err(|e| e.to_string());
             ack(result);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A task that never waits on anything (a subtask whose input is always ready) still lets
+    /// a timer on its thread fire, because it calls `Slice::tick`. Without the tick the timer
+    /// task could not run before the busy loop ended: the loop's cap (5 s) ends it and the
+    /// flag is unset.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_busy_subtask_lets_timers_fire() {
+        let fired = Arc::new(AtomicBool::new(false));
+        let timer = tokio::spawn({
+            let fired = fired.clone();
+            async move {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                fired.store(true, Ordering::SeqCst);
+            }
+        });
+        let cap = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut slice = Slice::new();
+        while !fired.load(Ordering::SeqCst) && std::time::Instant::now() < cap {
+            std::hint::spin_loop();
+            slice.tick().await;
+        }
+        assert!(
+            fired.load(Ordering::SeqCst),
+            "the timer did not fire while the busy task ran"
+        );
+        timer.await.unwrap();
     }
 }

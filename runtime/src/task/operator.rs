@@ -9,7 +9,7 @@ use crate::channel::{GateEvent, InputGate};
 use crate::element::{Data, StreamElement};
 use crate::operator::Operator;
 use crate::output::Output;
-use crate::task::TaskContext;
+use crate::task::{Slice, TaskContext};
 use crate::Result;
 
 pub(crate) async fn run_operator<In: Data, Out: Data, Op: Operator<In, Out>>(
@@ -22,7 +22,9 @@ pub(crate) async fn run_operator<In: Data, Out: Data, Op: Operator<In, Out>>(
     let mut progress = ctx.services.progress.clone();
     let mut committed = progress.borrow().completed;
     let mut progress_open = true;
+    let mut slice = Slice::new();
     loop {
+        slice.tick().await;
         if progress_open && progress.has_changed().unwrap_or(false) {
             let p = *progress.borrow_and_update();
             if p.completed > committed {

@@ -14,7 +14,7 @@ use crate::channel::{GateEvent, InputGate};
 use crate::connector::{PreCommit, Sink};
 use crate::element::{CheckpointId, Data};
 use crate::state::format::encode;
-use crate::task::TaskContext;
+use crate::task::{Slice, TaskContext};
 use crate::{Error, Result};
 
 struct PendingCommits<P> {
@@ -132,7 +132,9 @@ pub(crate) async fn run_sink<T: Data, S: Sink<T>>(
     let mut progress = ctx.services.progress.clone();
     let mut progress_open = true;
     let mut flushing: Option<Flushing> = None;
+    let mut slice = Slice::new();
     loop {
+        slice.tick().await;
         if progress_open && progress.has_changed().unwrap_or(false) {
             let p = *progress.borrow_and_update();
             // a failing commit is retried at the next completion (it stays pending), unless

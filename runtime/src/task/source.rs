@@ -9,7 +9,7 @@ use crate::connector::{Source, SourcePoll};
 use crate::element::{Data, StreamElement, Watermark};
 use crate::output::Output;
 use crate::state::format::encode;
-use crate::task::{CoordinatorMsg, SourceControl, TaskContext};
+use crate::task::{CoordinatorMsg, Slice, SourceControl, TaskContext};
 use crate::{Error, Result};
 
 pub(crate) async fn run_source<T: Data, S: Source<T>>(
@@ -26,7 +26,9 @@ pub(crate) async fn run_source<T: Data, S: Source<T>>(
     let mut committed = progress.borrow().completed;
     let mut last_watermark = None;
     let mut idle = false;
+    let mut slice = Slice::new();
     loop {
+        slice.tick().await;
         let ctrl =
             match next_ctrl.take() {
                 Some(c) => Some(c),
