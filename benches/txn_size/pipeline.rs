@@ -232,9 +232,9 @@ pub fn run_concurrently(
                 m.point.steady_s = secs;
                 // CPU per record over the same window: the job's efficiency, whatever share
                 // of the cores it got
-                if let (Some(c1), Some(c2)) = (cpu_at(&m.cpu_seen, t1), cpu_at(&m.cpu_seen, t2)) {
-                    m.point.cpu_s_per_m = (c2 - c1) / records.max(1.0) * 1e6;
-                    tracing::info!(mode = %m.point.mode, rep = m.point.rep, cores = (c2 - c1) / secs, "CPU share over the common window");
+                if let Some((cpu, per_m)) = cpu_between(&m.cpu_seen, t1, t2, records) {
+                    m.point.cpu_s_per_m = per_m;
+                    tracing::info!(mode = %m.point.mode, rep = m.point.rep, cores = cpu / secs, "CPU share over the common window");
                 }
             }
         }
@@ -275,6 +275,13 @@ fn cpu_at(samples: &[(u64, f64)], t: u64) -> Option<f64> {
     let (ta, ca) = *samples.get(k.checked_sub(1)?)?;
     let (tb, cb) = *samples.get(k)?;
     Some(ca + (cb - ca) * (t - ta) as f64 / (tb - ta).max(1) as f64)
+}
+
+/// The job's CPU seconds from `t1` to `t2`, and per million of the `records` that became
+/// visible in that time; `None` if the samples do not cover it.
+fn cpu_between(samples: &[(u64, f64)], t1: u64, t2: u64, records: f64) -> Option<(f64, f64)> {
+    let cpu = cpu_at(samples, t2)? - cpu_at(samples, t1)?;
+    Some((cpu, cpu / records.max(1.0) * 1e6))
 }
 
 /// Gap (us) that separates two bursts of visibility in [`visible_at`].
@@ -471,7 +478,8 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    // the job's CPU seconds over time, for the common window of concurrent points
+    // the job's CPU seconds over time, for CPU per record over the steady part (or, with
+    // concurrent points, over their common window)
     let mut cpu_seen: Vec<(u64, f64)> = Vec::new();
     let backlog_deadline = Instant::now() + Duration::from_secs(600);
     let (backlog, visible) = loop {
@@ -544,13 +552,9 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
     let startup_s = backlog.first.saturating_sub(spawned) as f64 / 1e6;
     // CPU per record of the steady part, so that start-up (the transactional modes make
     // their producers then) does not enter it; start-up is its own column
-    let cpu_s_per_m = match (
-        cpu_at(&cpu_seen, backlog.lo.1),
-        cpu_at(&cpu_seen, backlog.hi.1),
-    ) {
-        (Some(c1), Some(c2)) => (c2 - c1) / (backlog.hi.0 - backlog.lo.0).max(1) as f64 * 1e6,
-        _ => f64::NAN,
-    };
+    let records = (backlog.hi.0 - backlog.lo.0) as f64;
+    let cpu_s_per_m = cpu_between(&cpu_seen, backlog.lo.1, backlog.hi.1, records)
+        .map_or(f64::NAN, |(_, per_m)| per_m);
     tracing::debug!(?backlog, spawned, "backlog visibility");
     let commit_ms = if commits.is_empty() {
         (f64::NAN, f64::NAN)
