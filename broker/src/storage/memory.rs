@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::{Bytes, BytesMut};
 
@@ -18,6 +18,9 @@ use crate::bufpool::{self, BUFFER as WARM_BUFFER};
 struct Faults {
     syncs_left: AtomicI64,
     writes_left: AtomicI64,
+    /// While set, syncs wait (see [`MemBackend::hold_syncs`]); the count of waiting syncs.
+    held: Mutex<(bool, usize)>,
+    released: Condvar,
 }
 
 impl Faults {
@@ -32,6 +35,16 @@ impl Faults {
             .is_ok()
     }
     fn sync(&self) -> io::Result<()> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.0 {
+            held.1 += 1;
+            self.released.notify_all();
+            while held.0 {
+                held = self.released.wait(held).unwrap_or_else(|p| p.into_inner());
+            }
+            held.1 -= 1;
+        }
+        drop(held);
         if Self::take(&self.syncs_left) {
             Ok(())
         } else {
@@ -312,6 +325,8 @@ impl MemBackend {
             faults: Arc::new(Faults {
                 syncs_left: AtomicI64::new(-1),
                 writes_left: AtomicI64::new(-1),
+                held: Mutex::new((false, 0)),
+                released: Condvar::new(),
             }),
         }
     }
@@ -326,6 +341,39 @@ impl MemBackend {
         self.faults
             .syncs_left
             .store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::SeqCst);
+    }
+
+    /// Makes every later sync (of a file, a directory or an atomic write) wait until
+    /// [`MemBackend::release_syncs`]: a slow disk, for tests of what may go on during an
+    /// fsync.
+    pub fn hold_syncs(&self) {
+        self.faults.held.lock().unwrap_or_else(|p| p.into_inner()).0 = true;
+    }
+
+    /// Lets held syncs (and later ones) go on.
+    pub fn release_syncs(&self) {
+        self.faults.held.lock().unwrap_or_else(|p| p.into_inner()).0 = false;
+        self.faults.released.notify_all();
+    }
+
+    /// Waits until at least `n` syncs wait in [`MemBackend::hold_syncs`]; false if that did
+    /// not happen within `limit`.
+    pub fn wait_for_held_syncs(&self, n: usize, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut held = self.faults.held.lock().unwrap_or_else(|p| p.into_inner());
+        while held.1 < n {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            held = self
+                .faults
+                .released
+                .wait_timeout(held, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
     }
 
     /// After `n` more successful writes (appends and truncations), every later one fails.

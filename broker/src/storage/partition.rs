@@ -270,7 +270,9 @@ impl Partition {
         self.append_validated(records, batches)
     }
 
-    fn finish(&self, pending: PendingAppend) -> Result<AppendOutcome, AppendError> {
+    /// Waits until `pending` (an append made by one of the `_unsynced` calls) is durable,
+    /// then gives its outcome.
+    pub fn finish(&self, pending: PendingAppend) -> Result<AppendOutcome, AppendError> {
         if let Some(target) = pending.durable_at {
             self.make_durable(target)?;
         }
@@ -286,6 +288,13 @@ impl Partition {
     /// A marker closes the producer's open transaction on this partition
     /// (`ProducerEntry::txn_first_offset`).
     pub fn append_control(&self, records: Bytes) -> Result<AppendOutcome, AppendError> {
+        let pending = self.append_control_unsynced(records)?;
+        self.finish(pending)
+    }
+
+    /// [`Partition::append_control`] without waiting for the fsync (see
+    /// [`Partition::append_unsynced`]).
+    pub fn append_control_unsynced(&self, records: Bytes) -> Result<PendingAppend, AppendError> {
         let batches = batch::split_batches(&records)?;
         if let Some((_, h)) = batches.iter().find(|(_, h)| !h.is_control()) {
             return Err(AppendError::InvalidRecord(format!(
@@ -293,8 +302,7 @@ impl Partition {
                 h.attributes
             )));
         }
-        let pending = self.append_validated(&records, &batches)?;
-        self.finish(pending)
+        self.append_validated(&records, &batches)
     }
 
     /// A copy of the producer state of `producer_id` on this partition, if known.
@@ -337,6 +345,29 @@ impl Partition {
         coordinator_epoch: i32,
         timestamp: i64,
     ) -> Result<AppendOutcome, AppendError> {
+        let pending = self.append_marker_unsynced(
+            producer_id,
+            producer_epoch,
+            commit,
+            coordinator_epoch,
+            timestamp,
+        )?;
+        self.finish(pending)
+    }
+
+    /// [`Partition::append_marker`] without waiting for the fsync: the marker is ordered in
+    /// the log (and closes the producer's open transaction here) but is durable, and visible
+    /// to readers, only once [`Partition::finish`] returned for it. The transaction
+    /// coordinator appends markers under the partition's transaction lock and waits for the
+    /// fsync after releasing it, so Produce requests to the partition do not wait for it.
+    pub fn append_marker_unsynced(
+        &self,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+        coordinator_epoch: i32,
+        timestamp: i64,
+    ) -> Result<PendingAppend, AppendError> {
         let marker = txn_index::encode_marker(
             producer_id,
             producer_epoch,
@@ -344,7 +375,7 @@ impl Partition {
             coordinator_epoch,
             timestamp,
         );
-        self.append_control(marker.freeze())
+        self.append_control_unsynced(marker.freeze())
     }
 
     /// The last stable offset: the first offset of the earliest open transaction, or the high

@@ -16,6 +16,7 @@ use super::error::{Result, TxnError};
 use super::log::{LogImage, LogRecord, TxnLog};
 use super::marker::MarkerKind;
 use super::metrics;
+use super::produce_view::ProduceView;
 use super::state::{TopicPartition, TxnMetadata, TxnState};
 
 /// Coordinator limits (broker flags).
@@ -122,6 +123,8 @@ pub struct Coordinator {
     log: TxnLog,
     txns: HashMap<String, TxnMetadata>,
     by_pid: HashMap<i64, String>,
+    /// What Produce requests check against, published after each durable change.
+    view: Arc<ProduceView>,
     pids: Arc<dyn ProducerIdSource>,
     coordinator_epoch: i32,
 }
@@ -152,11 +155,13 @@ impl Coordinator {
             .values()
             .map(|m| (m.producer_id, m.transactional_id.clone()))
             .collect();
+        let view = Arc::new(ProduceView::of(image.txns.values()));
         let c = Coordinator {
             config,
             log,
             txns: image.txns,
             by_pid,
+            view,
             pids,
             coordinator_epoch,
         };
@@ -206,13 +211,22 @@ impl Coordinator {
         self.pids.next_producer_id().map_err(TxnError::ProducerIds)
     }
 
+    /// The view the Produce path checks transactional batches against (see
+    /// [`ProduceView`]).
+    pub fn produce_view(&self) -> Arc<ProduceView> {
+        Arc::clone(&self.view)
+    }
+
     fn persist(&mut self, m: TxnMetadata) -> Result<()> {
         self.log.append(&LogRecord::Upsert(m.clone()))?;
         self.by_pid
             .insert(m.producer_id, m.transactional_id.clone());
-        if m.last_producer_id >= 0 && m.last_producer_id != m.producer_id {
-            self.by_pid.remove(&m.last_producer_id);
+        let replaced = (m.last_producer_id >= 0 && m.last_producer_id != m.producer_id)
+            .then_some(m.last_producer_id);
+        if let Some(old) = replaced {
+            self.by_pid.remove(&old);
         }
+        self.view.publish(&m, replaced);
         self.txns.insert(m.transactional_id.clone(), m);
         self.publish_gauge();
         Ok(())
@@ -524,7 +538,8 @@ impl Coordinator {
     }
 
     /// Produce-side check of a transactional batch: the producer must hold the current epoch
-    /// and have added the partition to its open transaction.
+    /// and have added the partition to its open transaction ([`ProduceView::check`], which
+    /// the Produce path calls without this coordinator's lock).
     pub fn check_produce(
         &self,
         producer_id: i64,
@@ -532,19 +547,7 @@ impl Coordinator {
         topic: &str,
         partition: i32,
     ) -> std::result::Result<(), ResponseError> {
-        let m = self
-            .by_pid
-            .get(&producer_id)
-            .and_then(|id| self.txns.get(id))
-            .filter(|m| m.producer_id == producer_id)
-            .ok_or(ResponseError::InvalidProducerIdMapping)?;
-        if epoch != m.producer_epoch {
-            return Err(ResponseError::InvalidProducerEpoch);
-        }
-        if m.state != TxnState::Ongoing || !m.partitions.contains(&(topic.to_string(), partition)) {
-            return Err(ResponseError::InvalidTxnState);
-        }
-        Ok(())
+        self.view.check(producer_id, epoch, topic, partition)
     }
 
     /// TxnOffsetCommit check: the producer holds the current epoch and added `group` with
@@ -601,6 +604,7 @@ impl Coordinator {
             self.log.append(&LogRecord::Remove(id.clone()))?;
             if let Some(m) = self.txns.remove(&id) {
                 self.by_pid.remove(&m.producer_id);
+                self.view.remove(m.producer_id);
                 tracing::info!(transactional_id = %id, "transactional id expired (Dead)");
             }
         }

@@ -22,6 +22,7 @@ use super::coordinator::{Coordinator, CoordinatorConfig, MarkerJob, ProducerIdSo
 use super::error::{Result, TxnError};
 use super::log::{LogImage, TxnLog};
 use super::metrics;
+use super::produce_view::ProduceView;
 use super::state::TopicPartition;
 use crate::storage::batch::ProducedBatches;
 use crate::storage::{AppendError, AppendOutcome, Partition, PendingAppend, Store};
@@ -84,6 +85,9 @@ pub struct TxnManager {
     store: Store,
     root: Option<PathBuf>,
     coordinator: Mutex<Coordinator>,
+    /// The coordinator's [`ProduceView`]: transactional Produce requests check against it
+    /// without waiting for the coordinator's lock (held through transaction-log fsyncs).
+    produce_view: Arc<ProduceView>,
     partition_locks: Mutex<HashMap<TopicPartition, Arc<Mutex<()>>>>,
     in_flight: Mutex<HashSet<String>>,
     hooks: RwLock<Hooks>,
@@ -130,6 +134,7 @@ impl TxnManager {
         Ok(Arc::new(TxnManager {
             store,
             root,
+            produce_view: coordinator.produce_view(),
             coordinator: Mutex::new(coordinator),
             partition_locks: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashSet::new()),
@@ -253,7 +258,7 @@ impl TxnManager {
         }
         let lock = self.partition_lock(partition);
         let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(code) = self.coordinator().check_produce(
+        if let Err(code) = self.produce_view.check(
             header.producer_id,
             header.producer_epoch,
             partition.topic(),
@@ -441,20 +446,25 @@ impl TxnManager {
             if !open {
                 continue;
             }
-            partition
-                .append_marker(
+            let marker_error = |e: AppendError| TxnError::Marker {
+                topic: topic.clone(),
+                partition: *index,
+                reason: e.to_string(),
+            };
+            let pending = partition
+                .append_marker_unsynced(
                     job.producer_id,
                     job.producer_epoch,
                     job.kind.is_commit(),
                     job.coordinator_epoch,
                     now_ms(),
                 )
-                .map_err(|e| TxnError::Marker {
-                    topic: topic.clone(),
-                    partition: *index,
-                    reason: e.to_string(),
-                })?;
+                .map_err(marker_error)?;
+            // The marker is ordered: a batch appended after it lands after it. Its fsync runs
+            // without the lock, so Produce requests to the partition go on meanwhile; the
+            // transaction is recorded complete only after every marker is durable.
             drop(guard);
+            partition.finish(pending).map_err(marker_error)?;
             if let Some(n) = &notifier {
                 n(topic, *index);
             }
@@ -650,3 +660,7 @@ fn code_label(code: ResponseError) -> &'static str {
         _ => "other",
     }
 }
+
+#[cfg(test)]
+#[path = "manager_tests.rs"]
+mod tests;

@@ -9,6 +9,7 @@ pub mod log;
 pub mod manager;
 pub mod marker;
 pub mod metrics;
+pub mod produce_view;
 pub mod state;
 
 pub use coordinator::{
