@@ -194,6 +194,22 @@ impl TxnLog {
         Ok(())
     }
 
+    /// Appends one record without waiting for it to reach the disk: the next
+    /// [`TxnLog::append`] (whose fsync covers everything written before it) or the kernel's
+    /// writeback makes it durable. Only for records whose loss in a crash the restart
+    /// repairs: CompleteCommit/CompleteAbort, without which the transaction is found in
+    /// PrepareCommit/PrepareAbort and completed again (its markers are written only where
+    /// the transaction is still open, so nothing twice).
+    pub fn append_unsynced(&mut self, rec: &LogRecord) -> Result<()> {
+        let (Some(path), Some(file)) = (&self.path, &mut self.file) else {
+            return Ok(());
+        };
+        file.write_all(&rec.encode())
+            .map_err(|e| TxnError::io(path, e))?;
+        self.records_since_compaction += 1;
+        Ok(())
+    }
+
     /// Records appended since the last compaction.
     pub fn records_since_compaction(&self) -> u64 {
         self.records_since_compaction

@@ -13,6 +13,12 @@ use crate::txn::CountingProducerIds;
 const STUCK: Duration = Duration::from_secs(30);
 
 fn manager(backend: &MemBackend) -> Arc<TxnManager> {
+    manager_in(backend, None)
+}
+
+/// A manager on `backend`'s store (topic `t` created if missing) whose transaction log is in
+/// `txn_dir` (in memory if `None`).
+fn manager_in(backend: &MemBackend, txn_dir: Option<&Path>) -> Arc<TxnManager> {
     let config = StorageConfig {
         data_dir: None,
         fsync: FsyncPolicy::EveryBatch,
@@ -20,11 +26,13 @@ fn manager(backend: &MemBackend) -> Arc<TxnManager> {
     };
     let store =
         Store::open_with_backend(config, Arc::new(backend.clone()), Path::new("/txn")).unwrap();
-    store.create_topic("t", 1).unwrap();
+    if store.partition("t", 0).is_none() {
+        store.create_topic("t", 1).unwrap();
+    }
     TxnManager::open(
         store,
         TxnConfig {
-            data_dir: None,
+            data_dir: txn_dir.map(Path::to_path_buf),
             coordinator: CoordinatorConfig::default(),
             marker_delay: Duration::ZERO,
             repair_corrupt_logs: false,
@@ -154,4 +162,49 @@ fn a_marker_fsync_does_not_hold_up_produce_to_its_partition() {
     // the marker and b's batch are durable, b's transaction still open
     assert_eq!(partition.high_watermark(), 4);
     assert_eq!(partition.last_stable_offset(), 1);
+}
+
+#[test]
+fn a_lost_complete_commit_is_completed_again_without_a_second_marker() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = MemBackend::new();
+    let m = manager_in(&backend, Some(dir.path()));
+    let (a, epoch) = open_txn(&m, "a");
+    let partition = m.store.partition("t", 0).unwrap();
+    m.append(&partition, batch(a, epoch, 0)).unwrap();
+    assert_eq!(m.end_txn("a", a, epoch, true).unwrap(), Ok(()));
+    assert_eq!(
+        m.describe("a").unwrap().state,
+        crate::txn::TxnState::CompleteCommit
+    );
+    assert_eq!(
+        partition.high_watermark(),
+        2,
+        "data and its marker, durable"
+    );
+    drop((partition, m));
+
+    // a crash before the kernel wrote CompleteCommit (appended last, without an fsync of its
+    // own): its record is torn
+    let log = dir.path().join(TXN_DIR).join(super::super::log::LOG_FILE);
+    let len = std::fs::metadata(&log).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&log)
+        .unwrap()
+        .set_len(len - 1)
+        .unwrap();
+    let m = manager_in(&backend.crash_image(), Some(dir.path()));
+    assert_eq!(
+        m.describe("a").unwrap().state,
+        crate::txn::TxnState::PrepareCommit
+    );
+    m.complete_pending();
+    assert_eq!(
+        m.describe("a").unwrap().state,
+        crate::txn::TxnState::CompleteCommit
+    );
+    let partition = m.store.partition("t", 0).unwrap();
+    assert_eq!(partition.high_watermark(), 2, "no second marker");
+    assert_eq!(partition.last_stable_offset(), 2);
 }
