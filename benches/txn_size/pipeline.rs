@@ -155,8 +155,18 @@ impl Drop for ChildGuard {
 }
 
 fn id_of(m: &rdkafka::message::BorrowedMessage<'_>) -> Option<u64> {
-    let v: serde_json::Value = serde_json::from_slice(m.payload()?).ok()?;
-    v.get("id")?.as_u64()
+    serde_json::from_slice::<OutputId>(m.payload()?)
+        .ok()
+        .map(|o| o.id)
+}
+
+/// The one field of an output record the watcher reads. serde skips the other fields
+/// without building them; a `serde_json::Value` per record (a map, a string per field) cost
+/// the watcher, which shares the machine with the job it measures, a visible share of the
+/// CPU at 300k records/s.
+#[derive(serde::Deserialize)]
+struct OutputId {
+    id: u64,
 }
 
 /// Runs one point.

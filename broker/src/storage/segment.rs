@@ -249,9 +249,22 @@ pub fn read_batches(
     if first.base_offset >= limit_offset {
         return Ok(Bytes::new());
     }
-    let available = size_limit - pos;
-    let want = (first.size as u64).max((max_bytes as u64).min(available));
-    let buf = file.read_at(pos, usize::try_from(want).unwrap_or(usize::MAX))?;
+    // Walk the headers to the end of what is served before reading any batch bytes: the
+    // batches below `limit_offset` that fit in `max_bytes` (the first one always). Reading
+    // `max_bytes` blindly and cutting afterwards copied the bytes past the cut on every read,
+    // and a read_committed fetch whose last stable offset trails an open transaction cut
+    // most of them (each such fetch read a full `max_bytes` to serve a few batches).
+    let budget = (first.size as u64).max(max_bytes as u64);
+    let mut end = pos + first.size as u64;
+    while end - pos < budget {
+        match walker.header_at(end)? {
+            Some(Ok(h)) if h.base_offset < limit_offset && end + h.size as u64 - pos <= budget => {
+                end += h.size as u64;
+            }
+            _ => break,
+        }
+    }
+    let buf = file.read_at(pos, usize::try_from(end - pos).unwrap_or(usize::MAX))?;
     let mut cut = 0usize;
     while cut + LOG_OVERHEAD <= buf.len() {
         let Some(Ok(size)) = batch::peek_size(&buf[cut..]) else {
@@ -424,5 +437,71 @@ mod tests {
         assert!(read_batches(f.as_ref(), 0, good, 30, 30, 100)
             .unwrap()
             .is_empty());
+    }
+
+    /// A file that records the length of every read asked of it.
+    #[derive(Debug)]
+    struct ReadLog {
+        inner: Arc<dyn BackendFile>,
+        reads: parking_lot::Mutex<Vec<usize>>,
+    }
+
+    impl BackendFile for ReadLog {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn append(&self, data: &[u8]) -> io::Result<u64> {
+            self.inner.append(data)
+        }
+        fn append_parts(&self, parts: &[&[u8]]) -> io::Result<u64> {
+            self.inner.append_parts(parts)
+        }
+        fn read_at(&self, pos: u64, len: usize) -> io::Result<Bytes> {
+            self.reads.lock().push(len);
+            self.inner.read_at(pos, len)
+        }
+        fn sync(&self) -> io::Result<()> {
+            self.inner.sync()
+        }
+        fn truncate(&self, len: u64) -> io::Result<()> {
+            self.inner.truncate(len)
+        }
+    }
+
+    #[test]
+    fn a_read_copies_only_the_batches_it_serves() {
+        let b = MemBackend::new();
+        b.create_dir_all(Path::new("/p")).unwrap();
+        let f = ReadLog {
+            inner: b.open(Path::new("/p/x.log")).unwrap(),
+            reads: Default::default(),
+        };
+        // 40 batches of about 40 KiB, each larger than the header walk's read-ahead window
+        let mut pos = Vec::new();
+        let value = vec![7u8; 40 * 1024];
+        for i in 0..40i64 {
+            let rec = RecordSpec {
+                value: Some(&value),
+                ..RecordSpec::default()
+            };
+            let mut batch = encode_batch(BatchSpec::default(), &[rec]);
+            set_base_offset(&mut batch, i);
+            pos.push(f.append(&batch).unwrap());
+        }
+        let size = f.len();
+        // the limit (a last stable offset) at batch 12: 10 batches served, the 28 after the
+        // limit are not read
+        f.reads.lock().clear();
+        let out = read_batches(&f, pos[2], size, 2, 12, 1 << 20).unwrap();
+        assert_eq!(out.len() as u64, pos[12] - pos[2]);
+        let reads = f.reads.lock().clone();
+        assert_eq!(reads.iter().max(), Some(&out.len()), "reads: {reads:?}");
+        assert!(
+            reads.iter().sum::<usize>() <= out.len() + 11 * WALK_WINDOW,
+            "reads: {reads:?}"
+        );
+        // max_bytes cuts at a whole batch as before
+        let out = read_batches(&f, pos[2], size, 2, 40, (pos[5] - pos[2]) as usize + 100).unwrap();
+        assert_eq!(out.len() as u64, pos[5] - pos[2]);
     }
 }
