@@ -224,6 +224,16 @@ impl<'a> HeaderWalker<'a> {
         }
         Ok(Some(h))
     }
+
+    /// Bytes `from..to` if the read-ahead window already holds them (a share of it, not a
+    /// copy), so a caller that walked a short range need not read it again.
+    fn window_slice(&self, from: u64, to: u64) -> Option<Bytes> {
+        let end = self.window_pos + self.window.len() as u64;
+        (from >= self.window_pos && to <= end).then(|| {
+            self.window
+                .slice((from - self.window_pos) as usize..(to - self.window_pos) as usize)
+        })
+    }
 }
 
 /// Reads whole batches for a fetch: from the batch containing `fetch_offset` (walking from
@@ -264,7 +274,11 @@ pub fn read_batches(
             _ => break,
         }
     }
-    let buf = file.read_at(pos, usize::try_from(end - pos).unwrap_or(usize::MAX))?;
+    // a range within the walk's last window (a short read near the log end) is not read twice
+    let buf = match walker.window_slice(pos, end) {
+        Some(buf) => buf,
+        None => file.read_at(pos, usize::try_from(end - pos).unwrap_or(usize::MAX))?,
+    };
     let mut cut = 0usize;
     while cut + LOG_OVERHEAD <= buf.len() {
         let Some(Ok(size)) = batch::peek_size(&buf[cut..]) else {
