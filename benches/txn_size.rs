@@ -85,7 +85,8 @@ struct Args {
     /// at an assumed 300 MB/s (at most 500k records/s).
     #[arg(long)]
     backlog_intervals: Option<f64>,
-    /// Pipeline backlog: at least this many seconds of work at the same assumed rate.
+    /// Pipeline backlog: at least this many seconds of work at the same assumed rate
+    /// (default 16, with --quick 2).
     #[arg(long)]
     backlog_secs: Option<f64>,
     /// Pipeline latency phase input rate, records/s.
@@ -255,7 +256,10 @@ fn main() -> anyhow::Result<()> {
     });
     let raw_secs = Duration::from_secs_f64(args.raw_secs.unwrap_or(if q { 1.5 } else { 4.0 }));
     let backlog_intervals = args.backlog_intervals.unwrap_or(10.0);
-    let backlog_secs = args.backlog_secs.unwrap_or(if q { 2.0 } else { 8.0 });
+    // 16 s of work at the assumed rate keeps a job's start-up (0.5-0.9 s on the 2-core
+    // machine of docs/BENCHMARKS.md) under 5 % of its run at 100 B and 1 KiB; with 8 s it
+    // was 6-8 %, and a fixed cost early in a run weighed on the steady part's rate
+    let backlog_secs = args.backlog_secs.unwrap_or(if q { 2.0 } else { 16.0 });
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
             .join("txn_size")

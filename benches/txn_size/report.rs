@@ -28,6 +28,10 @@ pub const GOALS: [(&str, &str, u64, f64); 4] = [
     ("none", "raw-copy", 10, 0.80),
 ];
 
+/// Largest share of a job's run (spawn -> whole backlog visible) its start-up may take for the
+/// steady-part ratios to stand for the run.
+pub const STARTUP_SHARE_GOAL: f64 = 0.05;
+
 fn f(v: f64, digits: usize) -> String {
     if v.is_nan() {
         "-".into()
@@ -247,6 +251,33 @@ pub fn targets(points: &[Point]) -> String {
                 human(a.rate()),
                 human(b.rate()),
                 if r >= goal { "met" } else { "not met" }
+            );
+        }
+        // the ratios above are of steady parts; they stand for whole runs only when start-up
+        // is a small part of every run
+        let shares: Vec<(f64, &str, u64)> = rows
+            .iter()
+            .filter(|r| r.storage == storage && r.bytes == bytes && r.interval_ms.is_some())
+            .map(|r| {
+                (
+                    r.med(|p| p.startup_s / p.run_s),
+                    r.mode,
+                    r.interval_ms.unwrap_or(0),
+                )
+            })
+            .filter(|(share, _, _)| share.is_finite())
+            .collect();
+        if let Some((worst, mode, ms)) = shares.iter().copied().max_by(|a, b| a.0.total_cmp(&b.0)) {
+            let _ = writeln!(
+                s,
+                "- {storage}, {bytes} B: start-up is at most {:.1}% of a job's run ({mode}, {ms} ms; goal < {:.0}%: {})",
+                worst * 100.0,
+                STARTUP_SHARE_GOAL * 100.0,
+                if worst < STARTUP_SHARE_GOAL {
+                    "met"
+                } else {
+                    "not met: the runs are too short, raise --backlog-secs"
+                }
             );
         }
         for ms in [10, 100, 1000] {
