@@ -109,13 +109,11 @@ start_broker() {
         args+=(--in-memory --segment-bytes 4194304 --log-retention-bytes 5242880
             --log-retention-check-interval-ms 100)
         ;;
-    durable-1s)
-        DATA_DIR=$(mktemp -d "$WORK/data.XXXXXX")
-        args+=(--data-dir "$DATA_DIR" --fsync interval-ms:1000)
-        ;;
     *)
+        local fsync=every-batch
+        [[ $1 == durable-1s ]] && fsync=interval-ms:1000
         DATA_DIR=$(mktemp -d "$WORK/data.XXXXXX")
-        args+=(--data-dir "$DATA_DIR" --fsync every-batch)
+        args+=(--data-dir "$DATA_DIR" --fsync "$fsync")
         ;;
     esac
     local out=$WORK/broker.out

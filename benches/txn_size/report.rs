@@ -255,19 +255,13 @@ pub fn targets(points: &[Point]) -> String {
         }
         // the ratios above are of steady parts; they stand for whole runs only when start-up
         // is a small part of every run
-        let shares: Vec<(f64, &str, u64)> = rows
+        let worst = rows
             .iter()
-            .filter(|r| r.storage == storage && r.bytes == bytes && r.interval_ms.is_some())
-            .map(|r| {
-                (
-                    r.med(|p| p.startup_s / p.run_s),
-                    r.mode,
-                    r.interval_ms.unwrap_or(0),
-                )
-            })
+            .filter(|r| r.storage == storage && r.bytes == bytes)
+            .filter_map(|r| Some((r.med(|p| p.startup_s / p.run_s), r.mode, r.interval_ms?)))
             .filter(|(share, _, _)| share.is_finite())
-            .collect();
-        if let Some((worst, mode, ms)) = shares.iter().copied().max_by(|a, b| a.0.total_cmp(&b.0)) {
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some((worst, mode, ms)) = worst {
             let _ = writeln!(
                 s,
                 "- {storage}, {bytes} B: start-up is at most {:.1}% of a job's run ({mode}, {ms} ms; goal < {:.0}%: {})",
