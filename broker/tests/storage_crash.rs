@@ -155,13 +155,36 @@ fn unsynced_policies_recover_a_valid_prefix() {
         let store = open(&backend, fsync, 800);
         store.create_topic("t", 1).unwrap();
         let (acked, _) = append_until_error(&store, 50);
-        let all = acked.concat();
+        let synced = acked.concat();
+        // A flush syncs what the rolls sealed (they leave it unsynced) and the active segment.
+        store.sync_data().unwrap();
+        // More appends, rolling several segments, none synced.
+        let p = store.partition("t", 0).unwrap();
+        let mut all = synced.clone();
+        for i in 0..20 {
+            let value = vec![b'y'; 100 + i];
+            let b = encode_batch(
+                BatchSpec::default(),
+                &[RecordSpec {
+                    value: Some(&value),
+                    ..RecordSpec::default()
+                }],
+            )
+            .freeze();
+            let out = p.append(b.clone()).unwrap();
+            let mut v = b.to_vec();
+            set_base_offset(&mut v, out.base_offset);
+            all.extend_from_slice(&v);
+        }
         let image = backend.crash_image();
         drop(store);
         let store = open(&image, fsync, 800);
         let got = whole_log(&store);
-        assert!(!got.is_empty(), "rolls fsync sealed segments");
-        assert!(got.len() < all.len(), "the unsynced tail is lost");
+        assert_eq!(
+            got, synced,
+            "{fsync}: the flushed log survives whole, the appends after it (and their \
+             rolls) synced nothing"
+        );
         assert_eq!(&all[..got.len()], &got[..], "{fsync}: not a prefix");
         // Appends continue right after the surviving prefix.
         let p = store.partition("t", 0).unwrap();
@@ -173,6 +196,53 @@ fn unsynced_policies_recover_a_valid_prefix() {
             hw
         );
     }
+}
+
+/// A flush fsyncs without holding the partition's lock: appends go on while the disk is
+/// busy, and the flush covers what was written before it started.
+#[test]
+fn appends_go_on_while_a_flush_syncs() {
+    let backend = MemBackend::new();
+    let store = open(&backend, FsyncPolicy::Never, 1 << 20);
+    store.create_topic("t", 1).unwrap();
+    let (before, _) = append_until_error(&store, 5);
+    backend.hold_syncs();
+    let flusher = std::thread::spawn({
+        let store = store.clone();
+        move || store.sync_data()
+    });
+    assert!(
+        backend.wait_for_held_syncs(1, std::time::Duration::from_secs(30)),
+        "the flush never reached its fsync"
+    );
+    // The flush is inside its fsync: appends must not wait for it.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let appender = std::thread::spawn({
+        let p = store.partition("t", 0).unwrap();
+        move || {
+            for _ in 0..5 {
+                p.append(encode_batch(BatchSpec::default(), &[RecordSpec::default()]).freeze())
+                    .unwrap();
+            }
+            done_tx.send(()).unwrap();
+        }
+    });
+    let appended = done_rx.recv_timeout(std::time::Duration::from_secs(30));
+    backend.release_syncs();
+    flusher.join().unwrap().unwrap();
+    appender.join().unwrap();
+    assert!(appended.is_ok(), "appends waited for the flush's fsync");
+    let image = backend.crash_image();
+    drop(store);
+    let store = open(&image, FsyncPolicy::Never, 1 << 20);
+    // The flush covers what was appended before it (a disk may also have written some of
+    // what came during it).
+    let got = whole_log(&store);
+    let before = before.concat();
+    assert!(
+        got.len() >= before.len() && got[..before.len()] == before[..],
+        "the flush lost appends made before it"
+    );
 }
 
 #[test]
@@ -187,25 +257,32 @@ fn flush_all_makes_everything_durable() {
     assert_eq!(whole_log(&store), acked.concat());
 }
 
+/// The interval flusher syncs the active segment and, with small segments, the sealed ones
+/// the rolls left unsynced.
 #[test]
 fn interval_flusher_syncs_in_the_background() {
-    let backend = MemBackend::new();
-    let store = open(
-        &backend,
-        FsyncPolicy::Interval(std::time::Duration::from_millis(10)),
-        1 << 20,
-    );
-    store.create_topic("t", 1).unwrap();
-    let (acked, _) = append_until_error(&store, 10);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let image = backend.crash_image();
-        let reopened = open(&image, FsyncPolicy::Never, 1 << 20);
-        if whole_log(&reopened) == acked.concat() {
-            break;
+    for segment_bytes in [1 << 20, 800] {
+        let backend = MemBackend::new();
+        let store = open(
+            &backend,
+            FsyncPolicy::Interval(std::time::Duration::from_millis(10)),
+            segment_bytes,
+        );
+        store.create_topic("t", 1).unwrap();
+        let (acked, _) = append_until_error(&store, 40);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let image = backend.crash_image();
+            let reopened = open(&image, FsyncPolicy::Never, segment_bytes);
+            if whole_log(&reopened) == acked.concat() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flusher never synced (segments of {segment_bytes} B)"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        assert!(std::time::Instant::now() < deadline, "flusher never synced");
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

@@ -11,10 +11,13 @@ pub enum FsyncPolicy {
     /// a kill -9 or power loss.
     #[default]
     EveryBatch,
-    /// A background thread started by `Store::open` calls `Store::sync_data` at this interval
-    /// (snapshots are written at segment rolls and by `Store::flush_all`).
+    /// A background thread started by `Store::open` calls `Store::sync_data` at this interval:
+    /// it fsyncs the segments sealed since the last call and the active one, without holding
+    /// the partition's lock, so appends never wait for the disk (snapshots are written at
+    /// segment rolls and by `Store::flush_all`).
     Interval(Duration),
-    /// Never fsync on the append path; only `Store::flush_all` (shutdown) and segment rolls sync.
+    /// Never fsync log data on the append path, not even when a segment is sealed: only
+    /// `Store::sync_data` and `Store::flush_all` (shutdown) sync it.
     Never,
 }
 

@@ -80,8 +80,11 @@ pub(crate) struct LogState {
     pub txn_index: Arc<dyn BackendFile>,
     /// Entries were appended to `txn_index` since its last fsync.
     pub txn_index_unsynced: bool,
-    /// Data was written since the last fsync.
+    /// Data was written to the active segment since its last fsync.
     pub unsynced: bool,
+    /// Sealed segments whose data the roll left unsynced (fsync policies other than
+    /// every-batch): the next flush syncs them, off the append path.
+    pub sealed_unsynced: Vec<(Arc<dyn BackendFile>, PathBuf)>,
     /// An I/O failure left the tail in an unknown state: appends are refused until reopen.
     pub failed: Option<String>,
     /// The topic was deleted.
@@ -624,10 +627,20 @@ impl Partition {
         }
     }
 
-    /// Seals the active segment (fsync, index) and starts a new one at the log end.
+    /// Seals the active segment (fsync and index under every-batch) and starts a new one at
+    /// the log end.
+    ///
+    /// Under every-batch the sealed segment is fsynced here: its appends were each synced
+    /// before their answer, so this covers at most the appends still waiting for theirs, and
+    /// [`Partition::make_durable`] relies on sealed segments being durable. Under the other
+    /// policies nothing waits for durability, and syncing a whole segment (64 MiB by
+    /// default) here would stall every producer of the partition for the disk's time to
+    /// write it: the segment joins [`LogState::sealed_unsynced`] and the next flush (the
+    /// interval flusher, or shutdown) syncs it without holding the partition's lock.
     fn roll(&self, st: &mut LogState) -> Result<(), StorageError> {
         let log_end = st.log_end;
-        if let Some(active) = st.segments.last_mut() {
+        let every_batch = self.ctx.fsync == FsyncPolicy::EveryBatch;
+        if let Some(active) = st.segments.last_mut().filter(|_| every_batch) {
             let started = Instant::now();
             active
                 .log
@@ -639,6 +652,13 @@ impl Partition {
             active
                 .persist_index()
                 .map_err(|e| self.io_err(&active.log_path, e))?;
+        }
+        // (otherwise the flush that syncs the sealed data persists its index entries too)
+        if !every_batch && st.unsynced {
+            if let Some(active) = st.segments.last() {
+                let sealed = (Arc::clone(&active.log), active.log_path.clone());
+                st.sealed_unsynced.push(sealed);
+            }
         }
         st.high_watermark = log_end;
         st.unsynced = false;
@@ -677,40 +697,73 @@ impl Partition {
         Ok(())
     }
 
-    /// fsyncs unsynced data and persists pending index entries; with `snapshot`, also writes a
-    /// producer-state snapshot if the log moved since the last one.
+    /// fsyncs unsynced data (sealed segments the roll left unsynced, then the active one) and
+    /// persists pending index entries; with `snapshot`, also writes a producer-state snapshot
+    /// if the log moved since the last one.
+    ///
+    /// The data fsyncs run without the partition's lock, as [`Partition::make_durable`]'s do:
+    /// a second's worth of appends can take the disk hundreds of milliseconds to write, and
+    /// producers go on appending meanwhile. Whatever they append is covered by the next flush.
     pub(crate) fn flush(&self, snapshot: bool) -> Result<(), StorageError> {
+        let _syncing = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (files, covered) = {
+            let mut st = self.lock();
+            if st.deleted || st.failed.is_some() {
+                return Ok(());
+            }
+            let mut files = std::mem::take(&mut st.sealed_unsynced);
+            if st.unsynced {
+                if let Some(active) = st.segments.last() {
+                    files.push((Arc::clone(&active.log), active.log_path.clone()));
+                }
+            }
+            (files, st.log_end)
+        };
+        // in log order: a sealed segment is durable before any later data is
+        for (file, path) in &files {
+            let started = Instant::now();
+            let res = file.sync();
+            self.metrics
+                .fsync_seconds
+                .record(started.elapsed().as_secs_f64());
+            if let Err(e) = res {
+                let err = self.io_err(path, e);
+                // After a failed fsync nothing is known about what reached the disk.
+                self.lock().failed = Some(format!("flush failed: {err}"));
+                return Err(err);
+            }
+        }
         let mut guard = self.lock();
-        let res = self.flush_locked(&mut guard, snapshot);
+        let res = self.flush_locked(&mut guard, covered, snapshot);
         if let Err(e) = &res {
             guard.failed = Some(format!("flush failed: {e}"));
         }
         res
     }
 
-    fn flush_locked(&self, guard: &mut LogState, snapshot: bool) -> Result<(), StorageError> {
+    /// The part of [`Partition::flush`] after its data fsyncs, which covered the log below
+    /// `covered`.
+    fn flush_locked(
+        &self,
+        guard: &mut LogState,
+        covered: i64,
+        snapshot: bool,
+    ) -> Result<(), StorageError> {
         let st = guard;
         if st.deleted || st.failed.is_some() {
             return Ok(());
         }
-        let log_end = st.log_end;
-        if let Some(active) = st.segments.last_mut() {
-            if st.unsynced {
-                let started = Instant::now();
-                active
-                    .log
-                    .sync()
-                    .map_err(|e| self.io_err(&active.log_path, e))?;
-                self.metrics
-                    .fsync_seconds
-                    .record(started.elapsed().as_secs_f64());
-            }
-            active
-                .persist_index()
-                .map_err(|e| self.io_err(&active.log_path, e))?;
+        // Index entries of every segment, sealed ones included, but only of batches below
+        // `covered`: entries never point past durable data.
+        for seg in &mut st.segments {
+            seg.persist_index_below(covered)
+                .map_err(|e| self.io_err(&seg.log_path, e))?;
         }
-        st.unsynced = false;
-        st.high_watermark = log_end;
+        // appends made while the fsyncs ran are the next flush's
+        if st.log_end == covered {
+            st.unsynced = false;
+        }
+        st.high_watermark = st.high_watermark.max(covered);
         self.sync_txn_index(st)?;
         if snapshot {
             self.write_snapshot(st)?;

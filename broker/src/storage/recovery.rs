@@ -161,6 +161,7 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path, repair: bool) ->
         txn_index,
         txn_index_unsynced: false,
         unsynced: false,
+        sealed_unsynced: Vec::new(),
         failed: None,
         deleted: false,
     };

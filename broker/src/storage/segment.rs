@@ -136,19 +136,27 @@ impl Segment {
         self.max_timestamp = self.max_timestamp.max(h.max_timestamp);
     }
 
-    /// Appends index entries not yet in the index file and syncs it.
+    /// Appends every index entry not yet in the index file to it, then fsyncs the file.
     pub fn persist_index(&mut self) -> io::Result<()> {
-        if self.index_persisted == self.index.len() {
+        self.persist_index_below(i64::MAX)
+    }
+
+    /// Appends the index entries not yet in the file whose batches start below `end`, then
+    /// fsyncs the file. Call it with the end of the data known durable, so that persisted
+    /// entries never point past durable data.
+    pub fn persist_index_below(&mut self, end: i64) -> io::Result<()> {
+        let pending = &self.index[self.index_persisted..];
+        let upto = self.index_persisted + pending.partition_point(|e| e.offset < end);
+        if upto == self.index_persisted {
             return Ok(());
         }
-        let mut buf =
-            Vec::with_capacity((self.index.len() - self.index_persisted) * index::ENTRY_LEN);
-        for e in &self.index[self.index_persisted..] {
+        let mut buf = Vec::with_capacity((upto - self.index_persisted) * index::ENTRY_LEN);
+        for e in &self.index[self.index_persisted..upto] {
             buf.extend_from_slice(&e.encode());
         }
         self.index_file.append(&buf)?;
         self.index_file.sync()?;
-        self.index_persisted = self.index.len();
+        self.index_persisted = upto;
         Ok(())
     }
 
