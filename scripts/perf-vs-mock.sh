@@ -27,8 +27,8 @@
 # included when the mock is the target) and the broker's (from /proc), medians.
 # A fresh broker (and data directory) per run keeps runs independent.
 # With BASE_BIN set, a second broker build (e.g. the previous commit's) runs beside the first
-# in every repetition, as targets base-memory and base-durable, for before/after ratios taken
-# side by side.
+# in every repetition, as targets base-memory, base-memory-5m, base-durable and
+# base-durable-1s, for before/after ratios taken side by side.
 #
 # Usage: scripts/perf-vs-mock.sh [-n REPEATS] [-s COUNT_100B] [-l COUNT_1KIB] [-f COUNT_FETCH]
 # Environment: LIBRDKAFKA_DIR (default /work/librdkafka: a built librdkafka tree with
@@ -111,7 +111,7 @@ start_broker() {
         ;;
     *)
         local fsync=every-batch
-        [[ $1 == durable-1s ]] && fsync=interval-ms:1000
+        [[ ${1#base-} == durable-1s ]] && fsync=interval-ms:1000
         DATA_DIR=$(mktemp -d "$WORK/data.XXXXXX")
         args+=(--data-dir "$DATA_DIR" --fsync "$fsync")
         ;;
@@ -225,7 +225,7 @@ echo "broker: $BROKER_BIN"
 KINDS=(memory memory-5m durable durable-1s)
 if [[ -n ${BASE_BIN:-} ]]; then
     echo "base broker: $BASE_BIN"
-    KINDS=(base-memory memory base-memory-5m memory-5m base-durable durable durable-1s)
+    KINDS=(base-memory memory base-memory-5m memory-5m base-durable durable base-durable-1s durable-1s)
 fi
 for rep in $(seq "$REPEATS"); do
     for size in 100 1024; do
@@ -255,7 +255,7 @@ for rep in $(seq "$REPEATS"); do
     for kind in mock "${KINDS[@]}"; do
         # A bounded log has dropped the beginning a consumer reads from; a fetch reads the
         # same files whatever the fsync policy.
-        [[ $kind == *-5m || $kind == durable-1s ]] && continue
+        [[ $kind == *-5m || $kind == *durable-1s ]] && continue
         if [[ $kind == mock ]]; then
             start_mock perf-fetch "$FETCH_PARTITIONS"
             addr=$MOCK_ADDR
