@@ -427,6 +427,36 @@ mod tests {
         positions
     }
 
+    /// A flush persists only the index entries of batches below what its fsyncs made
+    /// durable; the others follow at a later one.
+    #[test]
+    fn index_entries_persist_only_below_the_durable_end() {
+        let b = MemBackend::new();
+        let dir = Path::new("/p");
+        b.create_dir_all(dir).unwrap();
+        let mut seg = Segment::create(&b, dir, 0).unwrap();
+        seg.index = (0..4)
+            .map(|i| IndexEntry {
+                offset: i * 10,
+                position: i as u64 * 5000,
+                max_ts_before: i64::MIN,
+            })
+            .collect();
+        let in_file = || {
+            let bytes = b.read_file(&dir.join(file_name(0, "index"))).unwrap();
+            let loaded = index::load(bytes.as_deref(), 0, u64::MAX);
+            loaded.entries.iter().map(|e| e.offset).collect::<Vec<_>>()
+        };
+        seg.persist_index_below(20).unwrap();
+        assert_eq!(in_file(), [0, 10]);
+        seg.persist_index_below(20).unwrap();
+        assert_eq!(in_file(), [0, 10], "nothing new below 20");
+        seg.persist_index_below(25).unwrap();
+        assert_eq!(in_file(), [0, 10, 20]);
+        seg.persist_index().unwrap();
+        assert_eq!(in_file(), [0, 10, 20, 30]);
+    }
+
     #[test]
     fn names_round_trip() {
         assert_eq!(file_name(42, "log"), "00000000000000000042.log");
