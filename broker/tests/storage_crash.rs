@@ -199,50 +199,75 @@ fn unsynced_policies_recover_a_valid_prefix() {
 }
 
 /// A flush fsyncs without holding the partition's lock: appends go on while the disk is
-/// busy, and the flush covers what was written before it started.
+/// busy, and the flush covers what was written before it started. Under `interval-ms` even
+/// appends that roll segments go on (the roll leaves its syncs to the flusher).
 #[test]
 fn appends_go_on_while_a_flush_syncs() {
-    let backend = MemBackend::new();
-    let store = open(&backend, FsyncPolicy::Never, 1 << 20);
-    store.create_topic("t", 1).unwrap();
-    let (before, _) = append_until_error(&store, 5);
-    backend.hold_syncs();
-    let flusher = std::thread::spawn({
-        let store = store.clone();
-        move || store.sync_data()
-    });
-    assert!(
-        backend.wait_for_held_syncs(1, std::time::Duration::from_secs(30)),
-        "the flush never reached its fsync"
-    );
-    // The flush is inside its fsync: appends must not wait for it.
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let appender = std::thread::spawn({
-        let p = store.partition("t", 0).unwrap();
-        move || {
-            for _ in 0..5 {
-                p.append(encode_batch(BatchSpec::default(), &[RecordSpec::default()]).freeze())
-                    .unwrap();
+    for (fsync, segment_bytes) in [
+        (FsyncPolicy::Never, 1 << 20),
+        (
+            FsyncPolicy::Interval(std::time::Duration::from_secs(3600)),
+            800,
+        ),
+    ] {
+        let backend = MemBackend::new();
+        let store = open(&backend, fsync, segment_bytes);
+        store.create_topic("t", 1).unwrap();
+        let (before, _) = append_until_error(&store, 5);
+        let segments_before = store.partition("t", 0).unwrap().segment_count();
+        backend.hold_syncs();
+        let flusher = std::thread::spawn({
+            let store = store.clone();
+            move || store.sync_data()
+        });
+        assert!(
+            backend.wait_for_held_syncs(1, std::time::Duration::from_secs(30)),
+            "the flush never reached its fsync"
+        );
+        // The flush is inside its fsync: appends must not wait for it.
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let appender = std::thread::spawn({
+            let p = store.partition("t", 0).unwrap();
+            move || {
+                for _ in 0..10 {
+                    let value = [b'z'; 200];
+                    let rec = RecordSpec {
+                        value: Some(&value),
+                        ..RecordSpec::default()
+                    };
+                    p.append(encode_batch(BatchSpec::default(), &[rec]).freeze())
+                        .unwrap();
+                }
+                done_tx.send(()).unwrap();
             }
-            done_tx.send(()).unwrap();
+        });
+        let appended = done_rx.recv_timeout(std::time::Duration::from_secs(30));
+        backend.release_syncs();
+        flusher.join().unwrap().unwrap();
+        appender.join().unwrap();
+        assert!(
+            appended.is_ok(),
+            "{fsync}: appends waited for the flush's fsync"
+        );
+        let segments_after = store.partition("t", 0).unwrap().segment_count();
+        if segment_bytes < 1 << 20 {
+            assert!(
+                segments_after > segments_before,
+                "{fsync}: the appends rolled no segment"
+            );
         }
-    });
-    let appended = done_rx.recv_timeout(std::time::Duration::from_secs(30));
-    backend.release_syncs();
-    flusher.join().unwrap().unwrap();
-    appender.join().unwrap();
-    assert!(appended.is_ok(), "appends waited for the flush's fsync");
-    let image = backend.crash_image();
-    drop(store);
-    let store = open(&image, FsyncPolicy::Never, 1 << 20);
-    // The flush covers what was appended before it (a disk may also have written some of
-    // what came during it).
-    let got = whole_log(&store);
-    let before = before.concat();
-    assert!(
-        got.len() >= before.len() && got[..before.len()] == before[..],
-        "the flush lost appends made before it"
-    );
+        let image = backend.crash_image();
+        drop(store);
+        let store = open(&image, FsyncPolicy::Never, segment_bytes);
+        // The flush covers what was appended before it (a disk may also have written some of
+        // what came during it).
+        let got = whole_log(&store);
+        let before = before.concat();
+        assert!(
+            got.len() >= before.len() && got[..before.len()] == before[..],
+            "{fsync}: the flush lost appends made before it"
+        );
+    }
 }
 
 #[test]

@@ -85,6 +85,9 @@ pub(crate) struct LogState {
     /// Sealed segments whose data the roll left unsynced (fsync policies other than
     /// every-batch): the next flush syncs them, off the append path.
     pub sealed_unsynced: Vec<(Arc<dyn BackendFile>, PathBuf)>,
+    /// Under `interval-ms`, a roll left the directory entry of its new segment unsynced and
+    /// its producer-state snapshot unwritten: the next flush does both.
+    pub roll_unsynced: bool,
     /// An I/O failure left the tail in an unknown state: appends are refused until reopen.
     pub failed: Option<String>,
     /// The topic was deleted.
@@ -664,12 +667,19 @@ impl Partition {
         st.unsynced = false;
         let seg = Segment::create(self.ctx.backend.as_ref(), &self.dir, log_end)
             .map_err(|e| self.io_err(&self.dir, e))?;
+        tracing::debug!(topic = %self.topic, partition = self.index, base_offset = log_end, "rolled segment");
+        st.segments.push(seg);
+        if matches!(self.ctx.fsync, FsyncPolicy::Interval(_)) {
+            // The flusher syncs the directory and writes the snapshot on its next pass. Here
+            // their fsyncs would wait, holding the partition's lock, for the journal commit
+            // of the flusher's own fsync (a second of data) whenever the two overlap.
+            st.roll_unsynced = true;
+            return Ok(());
+        }
         self.ctx
             .backend
             .sync_dir(&self.dir)
             .map_err(|e| self.io_err(&self.dir, e))?;
-        tracing::debug!(topic = %self.topic, partition = self.index, base_offset = log_end, "rolled segment");
-        st.segments.push(seg);
         self.write_snapshot(st)
     }
 
@@ -706,7 +716,7 @@ impl Partition {
     /// producers go on appending meanwhile. Whatever they append is covered by the next flush.
     pub(crate) fn flush(&self, snapshot: bool) -> Result<(), StorageError> {
         let _syncing = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let (files, covered) = {
+        let (files, covered, rolled) = {
             let mut st = self.lock();
             if st.deleted || st.failed.is_some() {
                 return Ok(());
@@ -717,7 +727,7 @@ impl Partition {
                     files.push((Arc::clone(&active.log), active.log_path.clone()));
                 }
             }
-            (files, st.log_end)
+            (files, st.log_end, std::mem::take(&mut st.roll_unsynced))
         };
         // in log order: a sealed segment is durable before any later data is
         for (file, path) in &files {
@@ -733,8 +743,16 @@ impl Partition {
                 return Err(err);
             }
         }
+        if rolled {
+            // the new segments' directory entries, after the data of the sealed ones
+            if let Err(e) = self.ctx.backend.sync_dir(&self.dir) {
+                let err = self.io_err(&self.dir, e);
+                self.lock().failed = Some(format!("flush failed: {err}"));
+                return Err(err);
+            }
+        }
         let mut guard = self.lock();
-        let res = self.flush_locked(&mut guard, covered, snapshot);
+        let res = self.flush_locked(&mut guard, covered, snapshot || rolled);
         if let Err(e) = &res {
             guard.failed = Some(format!("flush failed: {e}"));
         }

@@ -162,6 +162,7 @@ pub(crate) fn recover(backend: &dyn StorageBackend, dir: &Path, repair: bool) ->
         txn_index_unsynced: false,
         unsynced: false,
         sealed_unsynced: Vec::new(),
+        roll_unsynced: false,
         failed: None,
         deleted: false,
     };

@@ -148,6 +148,11 @@ impl Partition {
         self.lock().high_watermark
     }
 
+    /// Segments in the log, the active one included.
+    pub fn segment_count(&self) -> usize {
+        self.lock().segments.len()
+    }
+
     /// The first offset still in the log.
     pub fn log_start_offset(&self) -> i64 {
         self.lock().log_start
