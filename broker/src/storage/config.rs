@@ -13,8 +13,8 @@ pub enum FsyncPolicy {
     EveryBatch,
     /// A background thread started by `Store::open` calls `Store::sync_data` at this interval:
     /// it fsyncs the segments sealed since the last call and the active one, without holding
-    /// the partition's lock, so appends never wait for the disk (snapshots are written at
-    /// segment rolls and by `Store::flush_all`).
+    /// the partition's lock, so appends never wait for the disk; after a roll it also syncs
+    /// the directory and writes the producer-state snapshot the roll left to it.
     Interval(Duration),
     /// Never fsync log data on the append path, not even when a segment is sealed: only
     /// `Store::sync_data` and `Store::flush_all` (shutdown) sync it.
