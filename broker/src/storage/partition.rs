@@ -643,22 +643,21 @@ impl Partition {
     fn roll(&self, st: &mut LogState) -> Result<(), StorageError> {
         let log_end = st.log_end;
         let every_batch = self.ctx.fsync == FsyncPolicy::EveryBatch;
-        if let Some(active) = st.segments.last_mut().filter(|_| every_batch) {
-            let started = Instant::now();
-            active
-                .log
-                .sync()
-                .map_err(|e| self.io_err(&active.log_path, e))?;
-            self.metrics
-                .fsync_seconds
-                .record(started.elapsed().as_secs_f64());
-            active
-                .persist_index()
-                .map_err(|e| self.io_err(&active.log_path, e))?;
-        }
-        // (otherwise the flush that syncs the sealed data persists its index entries too)
-        if !every_batch && st.unsynced {
-            if let Some(active) = st.segments.last() {
+        if let Some(active) = st.segments.last_mut() {
+            if every_batch {
+                let started = Instant::now();
+                active
+                    .log
+                    .sync()
+                    .map_err(|e| self.io_err(&active.log_path, e))?;
+                self.metrics
+                    .fsync_seconds
+                    .record(started.elapsed().as_secs_f64());
+                active
+                    .persist_index()
+                    .map_err(|e| self.io_err(&active.log_path, e))?;
+            } else if st.unsynced {
+                // the flush that syncs the sealed data persists its index entries too
                 let sealed = (Arc::clone(&active.log), active.log_path.clone());
                 st.sealed_unsynced.push(sealed);
             }
@@ -729,6 +728,12 @@ impl Partition {
             }
             (files, st.log_end, std::mem::take(&mut st.roll_unsynced))
         };
+        // After a failed fsync nothing is known about what reached the disk.
+        let offline = |path: &Path, e: io::Error| {
+            let err = self.io_err(path, e);
+            self.lock().failed = Some(format!("flush failed: {err}"));
+            err
+        };
         // in log order: a sealed segment is durable before any later data is
         for (file, path) in &files {
             let started = Instant::now();
@@ -736,20 +741,14 @@ impl Partition {
             self.metrics
                 .fsync_seconds
                 .record(started.elapsed().as_secs_f64());
-            if let Err(e) = res {
-                let err = self.io_err(path, e);
-                // After a failed fsync nothing is known about what reached the disk.
-                self.lock().failed = Some(format!("flush failed: {err}"));
-                return Err(err);
-            }
+            res.map_err(|e| offline(path, e))?;
         }
         if rolled {
             // the new segments' directory entries, after the data of the sealed ones
-            if let Err(e) = self.ctx.backend.sync_dir(&self.dir) {
-                let err = self.io_err(&self.dir, e);
-                self.lock().failed = Some(format!("flush failed: {err}"));
-                return Err(err);
-            }
+            self.ctx
+                .backend
+                .sync_dir(&self.dir)
+                .map_err(|e| offline(&self.dir, e))?;
         }
         let mut guard = self.lock();
         let res = self.flush_locked(&mut guard, covered, snapshot || rolled);
