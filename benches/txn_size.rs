@@ -82,13 +82,23 @@ struct Args {
     #[arg(long)]
     raw_secs: Option<f64>,
     /// Pipeline backlog (throughput phase): at least this many checkpoint intervals of work
-    /// at an assumed 300 MB/s (at most 500k records/s).
+    /// at the rate the calibration run measured (see --backlog-secs).
     #[arg(long)]
     backlog_intervals: Option<f64>,
-    /// Pipeline backlog: at least this many seconds of work at the same assumed rate
-    /// (default 16, with --quick 2).
+    /// Pipeline backlog: at least this many seconds of work at 1.25 x the rate of a short
+    /// calibration run of `none` per storage and record size (not reported; without it, with
+    /// --quick or --no-calibrate, at an assumed 300 MB/s, at most 500k records/s). Default
+    /// 16, with --quick 2.
     #[arg(long)]
     backlog_secs: Option<f64>,
+    /// Size backlogs by the assumed rate instead of a calibration run.
+    #[arg(long)]
+    no_calibrate: bool,
+    /// At most this many GB of record values in one run's topics, input and output (an
+    /// in-memory broker holds both; default: 40 % of the machine's memory). The job's output
+    /// records are small (about 70 B of JSON), the copy loop's as large as its input.
+    #[arg(long)]
+    backlog_max_gb: Option<f64>,
     /// Pipeline latency phase input rate, records/s.
     #[arg(long, default_value_t = 5000)]
     rate: u64,
@@ -139,6 +149,23 @@ fn etl_binary(args: &Args) -> anyhow::Result<PathBuf> {
     let bin = release.join("examples").join("exactly_once_etl");
     anyhow::ensure!(bin.exists(), "{} not found", bin.display());
     Ok(bin)
+}
+
+/// An upper bound of the example job's output record (`{"id","key","amount","total"}`,
+/// about 70 B), for the memory a backlog takes.
+const JOB_OUTPUT_BYTES: usize = 128;
+
+/// The machine's memory (MemTotal of /proc/meminfo) in bytes.
+fn memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = info
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
 }
 
 fn machine() -> String {
@@ -256,10 +283,15 @@ fn main() -> anyhow::Result<()> {
     });
     let raw_secs = Duration::from_secs_f64(args.raw_secs.unwrap_or(if q { 1.5 } else { 4.0 }));
     let backlog_intervals = args.backlog_intervals.unwrap_or(10.0);
-    // 16 s of work at the assumed rate keeps a job's start-up (0.5-0.9 s on the 2-core
-    // machine of docs/BENCHMARKS.md) under 5 % of its run at 100 B and 1 KiB; with 8 s it
-    // was 6-8 %, and a fixed cost early in a run weighed on the steady part's rate
+    // 16 s of work keeps a job's start-up (0.15-0.4 s, docs/BENCHMARKS.md) well under 5 %
+    // of its run, and dilutes a fixed cost early in a run, which weighed on the steady
+    // part's rate of 8 s runs
     let backlog_secs = args.backlog_secs.unwrap_or(if q { 2.0 } else { 16.0 });
+    let calibrate = !(q || args.no_calibrate);
+    let backlog_max_bytes = match args.backlog_max_gb {
+        Some(gb) => gb * 1e9,
+        None => memory_bytes().map_or(4e9, |m| m as f64 * 0.4),
+    };
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
             .join("txn_size")
@@ -347,9 +379,71 @@ fn main() -> anyhow::Result<()> {
             }
             if !args.no_pipeline {
                 let guess_rate = (300e6 / bytes as f64).min(500_000.0);
+                // the most records one run's topics may hold: the job writes at most
+                // JOB_OUTPUT_BYTES per record, the copy loop what it reads
+                let max_records = |mode: &str| {
+                    let out = if mode == "raw-copy" { bytes } else { JOB_OUTPUT_BYTES };
+                    (backlog_max_bytes / (bytes + out) as f64).max(1000.0)
+                };
+                // the rate the backlogs are sized by: a short run of `none` (the fastest
+                // job mode; raw-copy is at most 1.2x of it in every grid so far) measures
+                // the machine, so that runs are long enough on a fast one and not needlessly
+                // long on a slow one
+                let calibrate_mode = if modes.iter().any(|m| m != "raw-copy") {
+                    Some("none")
+                } else {
+                    modes.first().map(String::as_str)
+                };
+                let rate = match calibrate_mode.filter(|_| calibrate) {
+                    Some(mode) => {
+                        counter += 1;
+                        let spec = pipeline::Spec {
+                            bin: if mode == "raw-copy" { &self_bin } else { &bin },
+                            brokers: &brokers,
+                            storage,
+                            tag: format!("{run_id}-{counter}"),
+                            mode,
+                            interval_ms: intervals.first().copied().unwrap_or(100),
+                            record_bytes: bytes,
+                            backlog: ((guess_rate * 2.0) as u64)
+                                .clamp(1000, max_records(mode) as u64),
+                            rate: args.rate,
+                            parallelism: args.parallelism,
+                            rep: 0,
+                            clock_ticks,
+                            start: None,
+                        };
+                        match pipeline::run(&rt, &spec) {
+                            Ok(p) => {
+                                eprintln!(
+                                    "{storage} {bytes} B calibration ({mode}, not reported): {:.0} records/s; backlogs sized for {:.0} records/s",
+                                    p.records_per_s,
+                                    1.25 * p.records_per_s
+                                );
+                                1.25 * p.records_per_s
+                            }
+                            Err(e) => {
+                                eprintln!("{storage} {bytes} B calibration ({mode}): FAILED: {e:#}; backlogs sized for the assumed {guess_rate:.0} records/s");
+                                guess_rate
+                            }
+                        }
+                    }
+                    None => guess_rate,
+                };
                 for (k, &ms) in intervals.iter().enumerate() {
                     let secs = backlog_secs.max(backlog_intervals * ms as f64 / 1000.0);
-                    let backlog = (guess_rate * secs).max(1000.0) as u64;
+                    let wanted = (rate * secs).max(1000.0);
+                    let backlog = |mode: &str, say: bool| {
+                        let max = max_records(mode);
+                        if wanted > max && say {
+                            eprintln!(
+                                "{storage} {bytes} B {mode} {ms} ms: backlog capped at {max:.0} records ({:.1} GB in the topics, --backlog-max-gb), {:.1} s of work at {rate:.0} records/s",
+                                backlog_max_bytes / 1e9,
+                                max / rate
+                            );
+                        }
+                        wanted.min(max) as u64
+                    };
                     // repetitions go round the modes, so every mode sees the same noise
                     for rep in 0..repeat {
                         let mut specs = Vec::new();
@@ -367,7 +461,7 @@ fn main() -> anyhow::Result<()> {
                                 mode,
                                 interval_ms: ms,
                                 record_bytes: bytes,
-                                backlog,
+                                backlog: backlog(mode, rep == 0),
                                 rate: args.rate,
                                 parallelism: args.parallelism,
                                 rep,

@@ -126,6 +126,12 @@ pub fn committed_reader(
         .set("fetch.queue.backoff.ms", "10")
         .create()
         .context("creating the read_committed watcher")?;
+    // learn the partitions' leader before assigning: librdkafka asks a partition's start
+    // offset (ListOffsets for `Beginning`) only once it knows the leader, and a partition
+    // assigned before that waits out a fixed 500 ms retry, which a job that starts beside
+    // the watcher then appeared to spend in its start-up
+    c.fetch_metadata(Some(topic), Duration::from_secs(30))
+        .with_context(|| format!("metadata of {topic} for the read_committed watcher"))?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;

@@ -367,10 +367,12 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
     // watcher of the output
     let sent: Arc<Vec<AtomicU64>> = Arc::new((0..n2).map(|_| AtomicU64::new(0)).collect());
     let (phase_tx, phase_rx) = mpsc::channel::<(BacklogTimes, Vec<u64>)>();
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
     let watcher = {
         let (brokers, output, sent) = (s.brokers.to_string(), output.clone(), sent.clone());
         std::thread::spawn(move || -> anyhow::Result<Vec<f64>> {
             let c = committed_reader(&brokers, &output, parts)?;
+            let _ = ready_tx.send(());
             let mut seen = vec![false; n1 as usize];
             let mut backlog_seen = 0u64;
             let mut visible = Vec::with_capacity(n1 as usize);
@@ -429,7 +431,20 @@ fn measure(s: &Spec<'_>, input: &str, output: &str, parts: i32) -> anyhow::Resul
         })
     };
 
-    // the job (with others: once they are all ready too)
+    // the job starts once the watcher is assigned (its start-up is not the watcher's), and
+    // with others: once they are all ready too
+    match ready_rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => {}
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            return Err(match watcher.join() {
+                Ok(Err(e)) => e.context("the read_committed watcher did not start"),
+                _ => anyhow::anyhow!("the read_committed watcher stopped before it started"),
+            })
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            anyhow::bail!("the read_committed watcher was not assigned within 60 s")
+        }
+    }
     if let Some(gate) = &s.start {
         if !gate.arrive() {
             tracing::warn!(tag = %s.tag, "not every concurrent point got ready: starting anyway");
