@@ -91,7 +91,9 @@ impl<T: Send + 'static> EdgeWriter<T> {
         if self.buffers[i].is_empty() {
             return Ok(());
         }
-        let batch = std::mem::take(&mut self.buffers[i]);
+        // the next batch starts at the size this one reached: no regrowing record by record
+        let cap = self.buffers[i].len();
+        let batch = std::mem::replace(&mut self.buffers[i], Vec::with_capacity(cap));
         self.senders[i]
             .send(StreamElement::Records(batch))
             .await

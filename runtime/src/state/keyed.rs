@@ -416,9 +416,14 @@ impl<'a, K: Key, V: Data> ValueState<'a, K, V> {
         self.map.get(self.key)
     }
 
-    /// Replaces the value.
+    /// Replaces the value. The key is cloned only when it has no entry yet.
     pub fn set(&mut self, v: V) {
-        self.map.insert(self.key.clone(), v);
+        match self.map.get_mut(self.key) {
+            Some(slot) => *slot = v,
+            None => {
+                self.map.insert(self.key.clone(), v);
+            }
+        }
     }
 
     /// Removes and returns the value.
