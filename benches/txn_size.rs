@@ -382,7 +382,11 @@ fn main() -> anyhow::Result<()> {
                 // the most records one run's topics may hold: the job writes at most
                 // JOB_OUTPUT_BYTES per record, the copy loop what it reads
                 let max_records = |mode: &str| {
-                    let out = if mode == "raw-copy" { bytes } else { JOB_OUTPUT_BYTES };
+                    let out = if mode == "raw-copy" {
+                        bytes
+                    } else {
+                        JOB_OUTPUT_BYTES
+                    };
                     (backlog_max_bytes / (bytes + out) as f64).max(1000.0)
                 };
                 // the rate the backlogs are sized by: a short run of `none` (the fastest
