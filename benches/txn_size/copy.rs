@@ -55,6 +55,11 @@ fn consumer(s: &CopySpec, partition: i32) -> anyhow::Result<BaseConsumer> {
         .set("fetch.queue.backoff.ms", "10")
         .create()
         .context("creating the copy consumer")?;
+    // what a user's consumer does first, and the job's source too: read the topic's
+    // metadata. A partition assigned before librdkafka knows its leader has its start offset
+    // asked only after a fixed 500 ms retry, which would count as the copy loop's start-up
+    c.fetch_metadata(Some(&s.input), Duration::from_secs(30))
+        .with_context(|| format!("metadata of {}", s.input))?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&s.input, partition, Offset::Beginning)?;
     c.assign(&tpl)?;
