@@ -283,7 +283,7 @@ fn main() -> anyhow::Result<()> {
     });
     let raw_secs = Duration::from_secs_f64(args.raw_secs.unwrap_or(if q { 1.5 } else { 4.0 }));
     let backlog_intervals = args.backlog_intervals.unwrap_or(10.0);
-    // 16 s of work keeps a job's start-up (0.15-0.4 s, docs/BENCHMARKS.md) well under 5 %
+    // 16 s of work keeps a job's start-up (0.07-0.9 s, docs/BENCHMARKS.md) under 5 %
     // of its run, and dilutes a fixed cost early in a run, which weighed on the steady
     // part's rate of 8 s runs
     let backlog_secs = args.backlog_secs.unwrap_or(if q { 2.0 } else { 16.0 });
