@@ -33,9 +33,13 @@ const HUGE_PAGE: usize = 2 * 1024 * 1024;
 /// Buffers the pool's thread keeps ready.
 const READY: usize = 4;
 
-/// Most buffers the pool holds, counting those given back: enough for a retention pass that
-/// deletes several segments at once to feed the appends after it.
-const KEEP: usize = 32;
+/// Most buffers the pool holds, counting those given back (256 MiB): enough for a retention
+/// pass that deletes several segments at once to feed the appends until the next pass. At
+/// 1 GB/s with 100 ms between passes (`scripts/perf-vs-mock.sh`'s `memory-5m` broker) a pass
+/// frees about 25 buffers; with room for 32 the pool dropped part of them and made a quarter
+/// of its buffers fresh (144-262 fresh buffers per 3 GB of 1 KiB records, 51 with 64: the
+/// first fill).
+const KEEP: usize = 64;
 
 struct Pool {
     ready: Mutex<Vec<BytesMut>>,
