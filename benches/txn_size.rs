@@ -398,26 +398,33 @@ fn main() -> anyhow::Result<()> {
                 } else {
                     modes.first().map(String::as_str)
                 };
+                // one run of `mode` of this storage and record size
+                let spec = |mode, interval_ms, backlog, rep, tag| pipeline::Spec {
+                    bin: if mode == "raw-copy" { &self_bin } else { &bin },
+                    brokers: &brokers,
+                    storage,
+                    tag,
+                    mode,
+                    interval_ms,
+                    record_bytes: bytes,
+                    backlog,
+                    rate: args.rate,
+                    parallelism: args.parallelism,
+                    rep,
+                    clock_ticks,
+                    start: None,
+                };
                 let rate = match calibrate_mode.filter(|_| calibrate) {
                     Some(mode) => {
                         counter += 1;
-                        let spec = pipeline::Spec {
-                            bin: if mode == "raw-copy" { &self_bin } else { &bin },
-                            brokers: &brokers,
-                            storage,
-                            tag: format!("{run_id}-{counter}"),
+                        let calibration = spec(
                             mode,
-                            interval_ms: intervals.first().copied().unwrap_or(100),
-                            record_bytes: bytes,
-                            backlog: ((guess_rate * 2.0) as u64)
-                                .clamp(1000, max_records(mode) as u64),
-                            rate: args.rate,
-                            parallelism: args.parallelism,
-                            rep: 0,
-                            clock_ticks,
-                            start: None,
-                        };
-                        match pipeline::run(&rt, &spec) {
+                            intervals.first().copied().unwrap_or(100),
+                            ((guess_rate * 2.0) as u64).clamp(1000, max_records(mode) as u64),
+                            0,
+                            format!("{run_id}-{counter}"),
+                        );
+                        match pipeline::run(&rt, &calibration) {
                             Ok(p) => {
                                 eprintln!(
                                     "{storage} {bytes} B calibration ({mode}, not reported): {:.0} records/s; backlogs sized for {:.0} records/s",
@@ -457,21 +464,13 @@ fn main() -> anyhow::Result<()> {
                                 continue;
                             }
                             counter += 1;
-                            specs.push(pipeline::Spec {
-                                bin: if mode == "raw-copy" { &self_bin } else { &bin },
-                                brokers: &brokers,
-                                storage,
-                                tag: format!("{run_id}-{counter}"),
+                            specs.push(spec(
                                 mode,
-                                interval_ms: ms,
-                                record_bytes: bytes,
-                                backlog: backlog(mode, rep == 0),
-                                rate: args.rate,
-                                parallelism: args.parallelism,
+                                ms,
+                                backlog(mode, rep == 0),
                                 rep,
-                                clock_ticks,
-                                start: None,
-                            });
+                                format!("{run_id}-{counter}"),
+                            ));
                         }
                         let labels: Vec<&str> = specs.iter().map(|s| s.mode).collect();
                         let results = if args.concurrent {
