@@ -227,6 +227,15 @@ async fn append_in_parallel(
         // One partition: write, release the order and fsync in one blocking task, without a
         // round trip through the connection's task in between.
         let (partition, group) = groups.pop().expect("one group");
+        if state.store.appends_in_memory() {
+            // Nothing to wait for: append on the connection's task, without handing the
+            // request to a blocking thread and back.
+            let written = write_group(state, &partition, group);
+            for (slot, result) in sync_group(&partition, written) {
+                outcomes[slot] = Some(result);
+            }
+            return outcomes;
+        }
         let order = crate::server::take_request_order();
         let state = Arc::clone(state);
         let task = tokio::task::spawn_blocking(move || {

@@ -59,6 +59,9 @@ struct Inner {
     /// The configs each topic was created with or given later, as set (persisted in
     /// `topics.configs`; changed only while holding the `topics` write lock).
     configs: Mutex<TopicConfigs>,
+    /// Appends only touch memory: the broker's own in-memory store (`Store::open` without a
+    /// data directory), whose backend neither waits on a device nor has faults injected.
+    appends_in_memory: bool,
 }
 
 /// The broker's store of topics. Cheap to clone (an `Arc` inside).
@@ -74,10 +77,20 @@ impl Store {
     pub fn open(config: StorageConfig) -> Result<Store> {
         match config.data_dir.clone() {
             Some(dir) => Self::open_with_backend(config, Arc::new(FileBackend), &dir),
-            None => {
-                Self::open_with_backend(config, Arc::new(MemBackend::new()), Path::new(MEMORY_ROOT))
-            }
+            None => Self::open_inner(
+                config,
+                Arc::new(MemBackend::new()),
+                Path::new(MEMORY_ROOT),
+                true,
+            ),
         }
+    }
+
+    /// Whether an append to this store only touches memory and never waits on a device or
+    /// an injected fault, so a produce request may append on the connection's own task
+    /// instead of the blocking pool (one thread hop less per request).
+    pub fn appends_in_memory(&self) -> bool {
+        self.inner.appends_in_memory
     }
 
     /// Opens the store on any backend, rooted at `root` (tests inject a [`MemBackend`] to
@@ -86,6 +99,15 @@ impl Store {
         config: StorageConfig,
         backend: Arc<dyn StorageBackend>,
         root: &Path,
+    ) -> Result<Store> {
+        Self::open_inner(config, backend, root, false)
+    }
+
+    fn open_inner(
+        config: StorageConfig,
+        backend: Arc<dyn StorageBackend>,
+        root: &Path,
+        appends_in_memory: bool,
     ) -> Result<Store> {
         metrics::describe();
         cleaner::describe();
@@ -103,6 +125,7 @@ impl Store {
             backend,
             topics: RwLock::new(BTreeMap::new()),
             configs: Mutex::new(TopicConfigs::new()),
+            appends_in_memory,
         });
         inner.load_topics()?;
         if let FsyncPolicy::Interval(every) = inner.config.fsync {

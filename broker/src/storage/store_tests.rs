@@ -241,3 +241,28 @@ fn an_interrupted_deletion_is_finished_at_open() {
         .expect("a segment");
     assert!(first <= 6 && first > 0, "segments left: {logs:?}");
 }
+
+#[test]
+fn only_the_brokers_own_in_memory_store_appends_in_place() {
+    // The produce handler appends on the connection's task only for this store: a backend
+    // handed in (a test's, which may hold or fail syncs) or a data directory stays on the
+    // blocking pool.
+    let own = Store::open(StorageConfig {
+        data_dir: None,
+        retention_check_interval: None,
+        ..StorageConfig::default()
+    })
+    .unwrap();
+    assert!(own.appends_in_memory());
+    let backend = Arc::new(MemBackend::new());
+    assert!(!open(&backend, 1 << 20).unwrap().appends_in_memory());
+    let dir = tempfile::tempdir().unwrap();
+    let on_disk = Store::open(StorageConfig {
+        data_dir: Some(dir.path().to_path_buf()),
+        fsync: FsyncPolicy::Never,
+        retention_check_interval: None,
+        ..StorageConfig::default()
+    })
+    .unwrap();
+    assert!(!on_disk.appends_in_memory());
+}
