@@ -196,8 +196,9 @@ fn corrupt_checkpoint_falls_back_to_previous_with_error_naming_file() {
     let want = golden();
     let dir = tempfile::tempdir().unwrap();
     let sink = CollectSink::new();
+    // every snapshot in a file of its own, to damage one (small ones are kept in _metadata)
     let (r1, _) = run(
-        checkpointed("corrupt", dir.path(), 2),
+        checkpointed("corrupt", dir.path(), 2).state_inline_threshold(0),
         &sink,
         Some(4),
         Some(20_000.0),
@@ -250,6 +251,66 @@ fn corrupt_checkpoint_falls_back_to_previous_with_error_naming_file() {
         r2.restore_errors
     );
     // the fallback replays from an older state, so outputs repeat, but the state is exact
+    assert_eq!(finals(&all), want);
+}
+
+/// With the default threshold small snapshots live inside `_metadata`: damage there is
+/// caught by the metadata's own checksum, named with its path, and the restore falls back to
+/// the checkpoint before.
+#[test]
+fn damaged_inline_state_falls_back_to_previous_with_error_naming_metadata() {
+    let want = golden();
+    let dir = tempfile::tempdir().unwrap();
+    let sink = CollectSink::new();
+    let (r1, _) = run(
+        checkpointed("inline", dir.path(), 2),
+        &sink,
+        Some(4),
+        Some(20_000.0),
+    );
+    let last = r1.expect("first run").last_checkpoint.expect("checkpoints");
+    let chk = dir.path().join(format!("chk-{last:020}"));
+    let names: Vec<String> = std::fs::read_dir(&chk)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    // the sources' positions are a few bytes: inline, so no file of theirs
+    assert!(
+        !names.iter().any(|n| n.contains("records")),
+        "source state written to a file: {names:?}"
+    );
+    let meta = chk.join("_metadata");
+    let mut bytes = std::fs::read(&meta).unwrap();
+    let at = bytes.len() - 5;
+    bytes[at] ^= 0x40;
+    std::fs::write(&meta, &bytes).unwrap();
+
+    let (explicit, _) = run(
+        checkpointed("inline", dir.path(), 2).restore(RestoreMode::Checkpoint(last)),
+        &sink,
+        None,
+        None,
+    );
+    match explicit {
+        Err(e @ Error::CorruptCheckpoint { .. }) => {
+            assert!(e.to_string().contains(&meta.display().to_string()), "{e}")
+        }
+        other => panic!("expected a corrupt checkpoint error, got {other:?}"),
+    }
+    let (r2, all) = run(
+        checkpointed("inline", dir.path(), 2).restore(RestoreMode::Latest),
+        &sink,
+        None,
+        None,
+    );
+    let r2 = r2.expect("restored run");
+    assert_eq!(r2.restored_from, Some(last - 1));
+    assert_eq!(r2.restore_errors.len(), 1, "{:?}", r2.restore_errors);
+    assert!(
+        r2.restore_errors[0].contains(&meta.display().to_string()),
+        "{:?}",
+        r2.restore_errors
+    );
     assert_eq!(finals(&all), want);
 }
 

@@ -47,6 +47,9 @@ pub trait CompletionHook: Send + Sync + 'static {
     async fn seal(&self, id: CheckpointId) -> crate::Result<()>;
 }
 
+/// Default of [`JobConfig::state_inline_threshold`]: 20 KiB, Flink's default for the same.
+pub const DEFAULT_STATE_INLINE_THRESHOLD: usize = 20 * 1024;
+
 /// Configuration of one job.
 #[derive(Clone)]
 pub struct JobConfig {
@@ -64,6 +67,12 @@ pub struct JobConfig {
     pub checkpoint_dir: Option<PathBuf>,
     /// Complete checkpoints kept on disk (older ones are deleted); at least 1.
     pub retained_checkpoints: usize,
+    /// A subtask snapshot of at most this many bytes (framed) is kept inside the checkpoint's
+    /// `_metadata` instead of a `.state` file of its own, as Flink's
+    /// `state.storage.fs.memory-threshold` does: a checkpoint of small states then costs one
+    /// file and its fsync instead of one per subtask. 0 writes every snapshot to a file.
+    /// Default 20 KiB.
+    pub state_inline_threshold: usize,
     /// Where to restore from at start.
     pub restore: RestoreMode,
     /// Capacity of every channel, in batches (bounded: gives backpressure).
@@ -94,6 +103,7 @@ impl Default for JobConfig {
             checkpoint_timeout: Duration::from_secs(60),
             checkpoint_dir: None,
             retained_checkpoints: 3,
+            state_inline_threshold: DEFAULT_STATE_INLINE_THRESHOLD,
             restore: RestoreMode::None,
             channel_capacity: 16,
             batch_size: 256,
@@ -115,6 +125,7 @@ impl std::fmt::Debug for JobConfig {
             .field("checkpoint_interval", &self.checkpoint_interval)
             .field("checkpoint_dir", &self.checkpoint_dir)
             .field("retained_checkpoints", &self.retained_checkpoints)
+            .field("state_inline_threshold", &self.state_inline_threshold)
             .field("restore", &self.restore)
             .finish_non_exhaustive()
     }
@@ -162,6 +173,13 @@ impl JobConfig {
     /// Sets how many complete checkpoints are kept.
     pub fn retained_checkpoints(mut self, n: usize) -> Self {
         self.retained_checkpoints = n;
+        self
+    }
+
+    /// Keeps subtask snapshots of at most `bytes` inside the checkpoint metadata (see
+    /// [`JobConfig::state_inline_threshold`]); 0 writes every snapshot to a file of its own.
+    pub fn state_inline_threshold(mut self, bytes: usize) -> Self {
+        self.state_inline_threshold = bytes;
         self
     }
 

@@ -191,6 +191,7 @@ impl StreamEnvironment {
             ack_tx,
             progress: progress_rx,
             storage: storage.clone(),
+            state_inline_threshold: config.state_inline_threshold,
             batch_size: config.batch_size,
             externally_sealed: config.completion_hook.is_some(),
             changelog: config.state_changelog.clone(),

@@ -26,7 +26,9 @@ mod task;
 pub mod watermark;
 
 pub use cli::JobArgs;
-pub use config::{CheckpointEvent, CompletionHook, JobConfig, RestoreMode};
+pub use config::{
+    CheckpointEvent, CompletionHook, JobConfig, RestoreMode, DEFAULT_STATE_INLINE_THRESHOLD,
+};
 pub use connector::{PreCommit, Sink, SinkFactory, Source, SourceFactory, SourcePoll, SubtaskInfo};
 pub use element::{Barrier, CheckpointId, Data, Key, StreamElement, TwoInputs, Watermark};
 pub use error::{Error, Fault, Result};

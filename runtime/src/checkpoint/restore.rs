@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::checkpoint::metadata::CheckpointMetadata;
-use crate::checkpoint::storage::CheckpointStorage;
+use crate::checkpoint::storage::{verify_state, CheckpointStorage};
 use crate::config::RestoreMode;
 use crate::element::CheckpointId;
 use crate::state::format::decode;
@@ -43,9 +43,18 @@ pub fn load_checkpoint(
     for node in &metadata.nodes {
         let mut subtasks = Vec::with_capacity(node.files.len());
         for f in &node.files {
-            let payload = storage.read_state(id, &f.file, f.len, f.crc32c)?;
+            let (payload, path) = match &f.inline {
+                Some(framed) => {
+                    let path = storage.location(id, crate::checkpoint::storage::METADATA_FILE);
+                    (verify_state(framed, f.len, f.crc32c, &path)?, path)
+                }
+                None => (
+                    storage.read_state(id, &f.file, f.len, f.crc32c)?,
+                    storage.location(id, &f.file),
+                ),
+            };
             let snap: SubtaskSnapshot = decode(&payload).map_err(|e| Error::CorruptCheckpoint {
-                path: storage.location(id, &f.file),
+                path,
                 reason: e.to_string(),
             })?;
             subtasks.push(snap);

@@ -2,15 +2,16 @@
 //! with fsync and publishes a checkpoint by writing its metadata to a temp file, fsyncing it,
 //! renaming it into place and fsyncing the directory.
 //!
-//! Layout: `<dir>/chk-<id:020>/<node uid>-<subtask>.state` and `.../_metadata`.
+//! Layout: `<dir>/chk-<id:020>/<node uid>-<subtask>.state` and `.../_metadata`; a subtask
+//! snapshot small enough to be kept inline in `_metadata` has no `.state` file.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::metadata::CheckpointMetadata;
+use crate::checkpoint::metadata::{v2, CheckpointMetadata};
 use crate::element::CheckpointId;
-use crate::state::format::{decode, encode, frame, unframe, FrameKind};
+use crate::state::format::{decode, encode, frame, unframe, unframe_versioned, FrameKind};
 use crate::{Error, Result};
 
 /// Durable storage of checkpoints.
@@ -86,6 +87,27 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     f.sync_all().map_err(|e| Error::io(path, e))
 }
 
+/// Verifies a framed state read from `path` (a state file, or the metadata file that holds it
+/// inline) against the length and crc32c the metadata recorded, and returns its payload.
+pub(crate) fn verify_state(bytes: &[u8], len: u64, crc: u32, path: &Path) -> Result<Vec<u8>> {
+    if bytes.len() as u64 != len {
+        return Err(Error::CorruptCheckpoint {
+            path: path.to_path_buf(),
+            reason: format!(
+                "length {} differs from the {len} bytes recorded in the metadata",
+                bytes.len()
+            ),
+        });
+    }
+    if crc32c::crc32c(bytes) != crc {
+        return Err(Error::CorruptCheckpoint {
+            path: path.to_path_buf(),
+            reason: "checksum differs from the one recorded in the metadata".into(),
+        });
+    }
+    Ok(unframe(FrameKind::State, bytes, path)?.to_vec())
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
@@ -110,7 +132,15 @@ impl CheckpointStorage for LocalDirStorage {
 
     fn commit_metadata(&self, meta: &CheckpointMetadata) -> Result<()> {
         let dir = self.checkpoint_dir(meta.checkpoint_id);
-        sync_dir(&dir)?;
+        // the state files' directory entries, if any, before the metadata that names them
+        if meta
+            .nodes
+            .iter()
+            .flat_map(|n| &n.files)
+            .any(|f| f.inline.is_none())
+        {
+            sync_dir(&dir)?;
+        }
         let tmp = dir.join(format!("{METADATA_FILE}.tmp"));
         write_synced(&tmp, &frame(FrameKind::Metadata, &encode(meta)?))?;
         let dst = dir.join(METADATA_FILE);
@@ -134,32 +164,23 @@ impl CheckpointStorage for LocalDirStorage {
     fn read_metadata(&self, id: CheckpointId) -> Result<CheckpointMetadata> {
         let path = self.location(id, METADATA_FILE);
         let bytes = fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let payload = unframe(FrameKind::Metadata, &bytes, &path)?;
-        decode(payload).map_err(|e| Error::CorruptCheckpoint {
+        let (version, payload) = unframe_versioned(FrameKind::Metadata, &bytes, &path)?;
+        let corrupt = |e: Error| Error::CorruptCheckpoint {
             path: path.clone(),
             reason: e.to_string(),
-        })
+        };
+        if version == 2 {
+            return decode::<v2::CheckpointMetadata>(payload)
+                .map(CheckpointMetadata::from)
+                .map_err(corrupt);
+        }
+        decode(payload).map_err(corrupt)
     }
 
     fn read_state(&self, id: CheckpointId, file: &str, len: u64, crc: u32) -> Result<Vec<u8>> {
         let path = self.location(id, file);
         let bytes = fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        if bytes.len() as u64 != len {
-            return Err(Error::CorruptCheckpoint {
-                path,
-                reason: format!(
-                    "length {} differs from the {len} bytes recorded in the metadata",
-                    bytes.len()
-                ),
-            });
-        }
-        if crc32c::crc32c(&bytes) != crc {
-            return Err(Error::CorruptCheckpoint {
-                path,
-                reason: "checksum differs from the one recorded in the metadata".into(),
-            });
-        }
-        Ok(unframe(FrameKind::State, &bytes, &path)?.to_vec())
+        verify_state(&bytes, len, crc, &path)
     }
 
     fn discard(&self, id: CheckpointId) -> Result<()> {
@@ -173,5 +194,137 @@ impl CheckpointStorage for LocalDirStorage {
 
     fn location(&self, id: CheckpointId, file: &str) -> PathBuf {
         self.checkpoint_dir(id).join(file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::metadata::{NodeMetadata, StateFileMetadata};
+    use crate::checkpoint::restore::load_checkpoint;
+    use crate::state::SubtaskSnapshot;
+
+    fn snapshot(subtask: u32, state: &[u8]) -> SubtaskSnapshot {
+        SubtaskSnapshot {
+            node_uid: "n00-op".into(),
+            subtask,
+            parallelism: 2,
+            checkpoint_id: 7,
+            operator_state: Some(state.to_vec()),
+            ..Default::default()
+        }
+    }
+
+    fn metadata(files: Vec<StateFileMetadata>) -> CheckpointMetadata {
+        CheckpointMetadata {
+            checkpoint_id: 7,
+            job_name: "j".into(),
+            max_parallelism: 128,
+            triggered_ms: 1,
+            is_final: false,
+            nodes: vec![NodeMetadata {
+                uid: "n00-op".into(),
+                parallelism: 2,
+                files,
+            }],
+        }
+    }
+
+    /// One subtask's state in a file, the other's inline in the metadata: both restore, and
+    /// only the first has a file.
+    #[test]
+    fn inline_and_file_states_restore_side_by_side() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = LocalDirStorage::new(dir.path()).unwrap();
+        st.begin(7).unwrap();
+        let on_disk = encode(&snapshot(0, b"in a file")).unwrap();
+        let (len, crc32c) = st.write_state(7, "n00-op-0.state", &on_disk).unwrap();
+        let framed = frame(FrameKind::State, &encode(&snapshot(1, b"inline")).unwrap());
+        let files = vec![
+            StateFileMetadata {
+                subtask: 0,
+                file: "n00-op-0.state".into(),
+                len,
+                crc32c,
+                inline: None,
+            },
+            StateFileMetadata {
+                subtask: 1,
+                file: "n00-op-1.state".into(),
+                len: framed.len() as u64,
+                crc32c: crc32c::crc32c(&framed),
+                inline: Some(framed),
+            },
+        ];
+        st.commit_metadata(&metadata(files)).unwrap();
+        assert!(st.location(7, "n00-op-0.state").exists());
+        assert!(!st.location(7, "n00-op-1.state").exists());
+        let loaded = load_checkpoint(&st, 7).unwrap();
+        let states: Vec<_> = loaded.nodes["n00-op"]
+            .iter()
+            .map(|s| s.operator_state.clone().unwrap())
+            .collect();
+        assert_eq!(states, vec![b"in a file".to_vec(), b"inline".to_vec()]);
+    }
+
+    /// An inline state recorded with the wrong length or checksum is reported against the
+    /// metadata file, as a damaged state file is against its own path.
+    #[test]
+    fn an_inline_state_that_does_not_match_its_record_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = LocalDirStorage::new(dir.path()).unwrap();
+        st.begin(7).unwrap();
+        let framed = frame(FrameKind::State, &encode(&snapshot(0, b"x")).unwrap());
+        let files = vec![StateFileMetadata {
+            subtask: 0,
+            file: "n00-op-0.state".into(),
+            len: framed.len() as u64,
+            crc32c: crc32c::crc32c(&framed) ^ 1,
+            inline: Some(framed),
+        }];
+        st.commit_metadata(&metadata(files)).unwrap();
+        match load_checkpoint(&st, 7) {
+            Err(Error::CorruptCheckpoint { path, reason }) => {
+                assert_eq!(path, st.location(7, METADATA_FILE));
+                assert!(reason.contains("checksum"), "{reason}");
+            }
+            other => panic!("expected a corrupt checkpoint, got {other:?}"),
+        }
+    }
+
+    /// Metadata written by a format-2 build (no inline field) still reads and restores.
+    #[test]
+    fn format_2_metadata_still_restores() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = LocalDirStorage::new(dir.path()).unwrap();
+        st.begin(7).unwrap();
+        let state = encode(&snapshot(0, b"old")).unwrap();
+        let (len, crc) = st.write_state(7, "n00-op-0.state", &state).unwrap();
+        // the version-2 layout: bincode of the same fields without `inline`, framed as 2
+        type V2File = (u32, String, u64, u32);
+        type V2Node = (String, u32, Vec<V2File>);
+        let v2: (u64, String, u32, u64, bool, Vec<V2Node>) = (
+            7,
+            "j".into(),
+            128,
+            1,
+            false,
+            vec![(
+                "n00-op".into(),
+                2,
+                vec![(0, "n00-op-0.state".into(), len, crc)],
+            )],
+        );
+        let mut bytes = frame(FrameKind::Metadata, &encode(&v2).unwrap());
+        bytes[4..6].copy_from_slice(&2u16.to_le_bytes());
+        fs::write(st.location(7, METADATA_FILE), &bytes).unwrap();
+        let meta = st.read_metadata(7).unwrap();
+        assert_eq!(meta.nodes[0].files[0].inline, None);
+        assert_eq!(meta.nodes[0].files[0].len, len);
+        let loaded = load_checkpoint(&st, 7).unwrap();
+        assert_eq!(
+            loaded.nodes["n00-op"][0].operator_state.as_deref(),
+            Some(&b"old"[..])
+        );
     }
 }

@@ -17,8 +17,10 @@ pub const MAGIC: &[u8; 4] = b"OFLW";
 ///
 /// History: 1 placed keys in key groups by FNV over the std `Hash` stream; 2 by the stable
 /// hash of [`crate::keygroup`]. A version-1 checkpoint cannot be restored by this build: its
-/// keys would land in other key groups than their state.
-pub const FORMAT_VERSION: u16 = 2;
+/// keys would land in other key groups than their state. 3 lets the metadata carry small
+/// subtask snapshots inline (`StateFileMetadata::inline`); state frames are unchanged, and a
+/// version-2 metadata file is read as one without inline state.
+pub const FORMAT_VERSION: u16 = 3;
 /// Oldest format version this build restores.
 pub const MIN_FORMAT_VERSION: u16 = 2;
 /// Size of the frame header.
@@ -118,6 +120,16 @@ pub fn frame(kind: FrameKind, payload: &[u8]) -> Vec<u8> {
 
 /// Verifies a frame read from `path` and returns its payload.
 pub fn unframe<'a>(kind: FrameKind, bytes: &'a [u8], path: &Path) -> Result<&'a [u8]> {
+    unframe_versioned(kind, bytes, path).map(|(_, payload)| payload)
+}
+
+/// [`unframe`], also returning the frame's format version (readers of a payload whose layout
+/// changed between versions decode by it).
+pub fn unframe_versioned<'a>(
+    kind: FrameKind,
+    bytes: &'a [u8],
+    path: &Path,
+) -> Result<(u16, &'a [u8])> {
     let corrupt = |reason: String| Error::CorruptCheckpoint {
         path: path.to_path_buf(),
         reason,
@@ -165,7 +177,7 @@ pub fn unframe<'a>(kind: FrameKind, bytes: &'a [u8], path: &Path) -> Result<&'a 
             "checksum mismatch (stored {crc:#010x}, computed {actual:#010x})"
         )));
     }
-    Ok(payload)
+    Ok((version, payload))
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::checkpoint::{CheckpointStorage, StateFileMetadata};
 use crate::connector::SubtaskInfo;
 use crate::element::{Barrier, CheckpointId};
 use crate::metrics::SubtaskMetrics;
-use crate::state::format::encode;
+use crate::state::format::{self, encode};
 use crate::state::SubtaskSnapshot;
 use crate::{Error, Result};
 
@@ -84,6 +84,8 @@ pub(crate) struct TaskServices {
     pub ack_tx: mpsc::UnboundedSender<CoordinatorMsg>,
     pub progress: watch::Receiver<JobProgress>,
     pub storage: Option<Arc<dyn CheckpointStorage>>,
+    /// Snapshots up to this many framed bytes go into the checkpoint metadata, not a file.
+    pub state_inline_threshold: usize,
     pub batch_size: usize,
     /// A completion hook decides outside the runtime which checkpoints are complete (e.g. a
     /// seal in Kafka): a failed seal may still have committed, so sinks never abort a
@@ -159,6 +161,17 @@ impl TaskContext {
             return ack(Ok(None));
         };
         let file = format!("{}-{}.state", self.info.node_uid, subtask);
+        if format::HEADER_LEN + bytes.len() <= self.services.state_inline_threshold {
+            // small: travels to the coordinator inside the metadata, no file, no fsync
+            let framed = format::frame(format::FrameKind::State, &bytes);
+            return ack(Ok(Some(StateFileMetadata {
+                subtask,
+                file,
+                len: framed.len() as u64,
+                crc32c: crc32c::crc32c(&framed),
+                inline: Some(framed),
+            })));
+        }
         tokio::task::spawn_blocking(move || {
             let result = storage
                 .write_state(checkpoint, &file, &bytes)
@@ -168,6 +181,7 @@ impl TaskContext {
                         file,
                         len,
                         crc32c,
+                        inline: None,
                     })
                 })
                 .map_err(|e| e.to_string());
