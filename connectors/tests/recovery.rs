@@ -191,6 +191,19 @@ fn state_file_of(dir: &Path, id: u64, node: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no state file of {node} in {}", chk.display()))
 }
 
+/// `result` is a corrupt-checkpoint error whose message names `path`.
+fn assert_corrupt_naming<T: std::fmt::Debug>(result: Result<T, Error>, path: &Path) {
+    match result {
+        Err(e @ Error::CorruptCheckpoint { .. }) => {
+            assert!(e.to_string().contains(&path.display().to_string()), "{e}")
+        }
+        other => panic!(
+            "expected a corrupt checkpoint error naming {}, got {other:?}",
+            path.display()
+        ),
+    }
+}
+
 #[test]
 fn corrupt_checkpoint_falls_back_to_previous_with_error_naming_file() {
     let want = golden();
@@ -221,15 +234,7 @@ fn corrupt_checkpoint_falls_back_to_previous_with_error_naming_file() {
         None,
         None,
     );
-    match explicit {
-        Err(e @ Error::CorruptCheckpoint { .. }) => {
-            assert!(
-                e.to_string().contains(&flipped.display().to_string()),
-                "{e}"
-            )
-        }
-        other => panic!("expected a corrupt checkpoint error, got {other:?}"),
-    }
+    assert_corrupt_naming(explicit, &flipped);
 
     let (r2, all) = run(
         checkpointed("corrupt", dir.path(), 2).restore(RestoreMode::Latest),
@@ -291,12 +296,7 @@ fn damaged_inline_state_falls_back_to_previous_with_error_naming_metadata() {
         None,
         None,
     );
-    match explicit {
-        Err(e @ Error::CorruptCheckpoint { .. }) => {
-            assert!(e.to_string().contains(&meta.display().to_string()), "{e}")
-        }
-        other => panic!("expected a corrupt checkpoint error, got {other:?}"),
-    }
+    assert_corrupt_naming(explicit, &meta);
     let (r2, all) = run(
         checkpointed("inline", dir.path(), 2).restore(RestoreMode::Latest),
         &sink,
