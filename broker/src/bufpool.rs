@@ -35,10 +35,9 @@ const READY: usize = 4;
 
 /// Most buffers the pool holds, counting those given back (256 MiB): enough for a retention
 /// pass that deletes several segments at once to feed the appends until the next pass. At
-/// 1 GB/s with 100 ms between passes (`scripts/perf-vs-mock.sh`'s `memory-5m` broker) a pass
-/// frees about 25 buffers; with room for 32 the pool dropped part of them and made a quarter
-/// of its buffers fresh (144-262 fresh buffers per 3 GB of 1 KiB records, 51 with 64: the
-/// first fill).
+/// 1 GB/s with 100 ms between passes a pass frees about 25 buffers; with room for 32 the pool
+/// dropped part of them and made a quarter of its buffers fresh (144-262 fresh buffers per
+/// 3 GB of 1 KiB records, 51 with 64: the first fill).
 const KEEP: usize = 64;
 
 struct Pool {

@@ -191,6 +191,26 @@ fn state_file_of(dir: &Path, id: u64, node: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no state file of {node} in {}", chk.display()))
 }
 
+/// `result` is a run restored from checkpoint `from` after skipping one newer checkpoint per
+/// entry of `skipped`, each reported with an error naming that file (newest first).
+fn assert_fell_back(result: Result<JobResult, Error>, from: u64, skipped: &[&Path]) {
+    let r = result.expect("restored run");
+    assert_eq!(r.restored_from, Some(from));
+    assert_eq!(
+        r.restore_errors.len(),
+        skipped.len(),
+        "{:?}",
+        r.restore_errors
+    );
+    for (error, path) in r.restore_errors.iter().zip(skipped) {
+        assert!(
+            error.contains(&path.display().to_string()),
+            "{:?}",
+            r.restore_errors
+        );
+    }
+}
+
 /// `result` is a corrupt-checkpoint error whose message names `path`.
 fn assert_corrupt_naming<T: std::fmt::Debug>(result: Result<T, Error>, path: &Path) {
     match result {
@@ -242,19 +262,7 @@ fn corrupt_checkpoint_falls_back_to_previous_with_error_naming_file() {
         None,
         None,
     );
-    let r2 = r2.expect("restored run");
-    assert_eq!(r2.restored_from, Some(last - 2));
-    assert_eq!(r2.restore_errors.len(), 2, "{:?}", r2.restore_errors);
-    assert!(
-        r2.restore_errors[0].contains(&flipped.display().to_string()),
-        "{:?}",
-        r2.restore_errors
-    );
-    assert!(
-        r2.restore_errors[1].contains(&truncated.display().to_string()),
-        "{:?}",
-        r2.restore_errors
-    );
+    assert_fell_back(r2, last - 2, &[&flipped, &truncated]);
     // the fallback replays from an older state, so outputs repeat, but the state is exact
     assert_eq!(finals(&all), want);
 }
@@ -303,14 +311,7 @@ fn damaged_inline_state_falls_back_to_previous_with_error_naming_metadata() {
         None,
         None,
     );
-    let r2 = r2.expect("restored run");
-    assert_eq!(r2.restored_from, Some(last - 1));
-    assert_eq!(r2.restore_errors.len(), 1, "{:?}", r2.restore_errors);
-    assert!(
-        r2.restore_errors[0].contains(&meta.display().to_string()),
-        "{:?}",
-        r2.restore_errors
-    );
+    assert_fell_back(r2, last - 1, &[&meta]);
     assert_eq!(finals(&all), want);
 }
 

@@ -23,6 +23,21 @@ pub struct StateFileMetadata {
     pub inline: Option<Vec<u8>>,
 }
 
+impl StateFileMetadata {
+    /// The record of a snapshot `payload` kept inline: framed as its file would be, with that
+    /// frame's length and crc32c, so that restore verifies it as it verifies a file.
+    pub fn inlined(subtask: u32, file: String, payload: &[u8]) -> Self {
+        let framed = crate::state::format::frame(crate::state::format::FrameKind::State, payload);
+        StateFileMetadata {
+            subtask,
+            file,
+            len: framed.len() as u64,
+            crc32c: crc32c::crc32c(&framed),
+            inline: Some(framed),
+        }
+    }
+}
+
 /// One operator node in a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeMetadata {

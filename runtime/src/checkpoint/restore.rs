@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::checkpoint::metadata::CheckpointMetadata;
-use crate::checkpoint::storage::{verify_state, CheckpointStorage};
+use crate::checkpoint::storage::{verify_state, CheckpointStorage, METADATA_FILE};
 use crate::config::RestoreMode;
 use crate::element::CheckpointId;
 use crate::state::format::decode;
@@ -35,7 +35,7 @@ pub fn load_checkpoint(
     let metadata = storage.read_metadata(id)?;
     if metadata.checkpoint_id != id {
         return Err(Error::CorruptCheckpoint {
-            path: storage.location(id, crate::checkpoint::storage::METADATA_FILE),
+            path: storage.location(id, METADATA_FILE),
             reason: format!("metadata names checkpoint {}", metadata.checkpoint_id),
         });
     }
@@ -45,7 +45,7 @@ pub fn load_checkpoint(
         for f in &node.files {
             let (payload, path) = match &f.inline {
                 Some(framed) => {
-                    let path = storage.location(id, crate::checkpoint::storage::METADATA_FILE);
+                    let path = storage.location(id, METADATA_FILE);
                     (verify_state(framed, f.len, f.crc32c, &path)?, path)
                 }
                 None => (

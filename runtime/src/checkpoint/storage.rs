@@ -239,7 +239,7 @@ mod tests {
         st.begin(7).unwrap();
         let on_disk = encode(&snapshot(0, b"in a file")).unwrap();
         let (len, crc32c) = st.write_state(7, "n00-op-0.state", &on_disk).unwrap();
-        let framed = frame(FrameKind::State, &encode(&snapshot(1, b"inline")).unwrap());
+        let inline = encode(&snapshot(1, b"inline")).unwrap();
         let files = vec![
             StateFileMetadata {
                 subtask: 0,
@@ -248,13 +248,7 @@ mod tests {
                 crc32c,
                 inline: None,
             },
-            StateFileMetadata {
-                subtask: 1,
-                file: "n00-op-1.state".into(),
-                len: framed.len() as u64,
-                crc32c: crc32c::crc32c(&framed),
-                inline: Some(framed),
-            },
+            StateFileMetadata::inlined(1, "n00-op-1.state".into(), &inline),
         ];
         st.commit_metadata(&metadata(files)).unwrap();
         assert!(st.location(7, "n00-op-0.state").exists());
@@ -274,14 +268,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let st = LocalDirStorage::new(dir.path()).unwrap();
         st.begin(7).unwrap();
-        let framed = frame(FrameKind::State, &encode(&snapshot(0, b"x")).unwrap());
-        let files = vec![StateFileMetadata {
-            subtask: 0,
-            file: "n00-op-0.state".into(),
-            len: framed.len() as u64,
-            crc32c: crc32c::crc32c(&framed) ^ 1,
-            inline: Some(framed),
-        }];
+        let mut record = StateFileMetadata::inlined(
+            0,
+            "n00-op-0.state".into(),
+            &encode(&snapshot(0, b"x")).unwrap(),
+        );
+        record.crc32c ^= 1;
+        let files = vec![record];
         st.commit_metadata(&metadata(files)).unwrap();
         match load_checkpoint(&st, 7) {
             Err(Error::CorruptCheckpoint { path, reason }) => {

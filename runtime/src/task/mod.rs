@@ -163,14 +163,7 @@ impl TaskContext {
         let file = format!("{}-{}.state", self.info.node_uid, subtask);
         if format::HEADER_LEN + bytes.len() <= self.services.state_inline_threshold {
             // small: travels to the coordinator inside the metadata, no file, no fsync
-            let framed = format::frame(format::FrameKind::State, &bytes);
-            return ack(Ok(Some(StateFileMetadata {
-                subtask,
-                file,
-                len: framed.len() as u64,
-                crc32c: crc32c::crc32c(&framed),
-                inline: Some(framed),
-            })));
+            return ack(Ok(Some(StateFileMetadata::inlined(subtask, file, &bytes))));
         }
         tokio::task::spawn_blocking(move || {
             let result = storage
