@@ -4,12 +4,19 @@
 //! in the read_committed output exactly once, with the right count and sum. Both exactly-once
 //! modes. The same exactness holds for two scaled-out instances (`--instance-id`) on an input
 //! partitioned by user while they are SIGKILLed and restarted: the windows move between them
-//! through their changelog. Runs the broker and the jobs as child processes on 127.0.0.1.
+//! through their changelog. And in every mode, a job SIGKILLed once one partition was read to
+//! its end and that position committed closes the windows of that partition after its
+//! restart: the partition's watermark resumes from the event time stored with its position,
+//! as no record of it is left to advance it. Runs the broker and the jobs as child processes
+//! on 127.0.0.1.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use rdkafka::consumer::Consumer;
+
 use onceflow_testkit::bins::*;
+use onceflow_testkit::checkpoints::{latest_complete, source_positions};
 use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
@@ -90,9 +97,31 @@ fn flush_user(p: i32, partition_of: fn(&str) -> i32) -> String {
         .expect("some name lands on every partition")
 }
 
-/// Produces the events in `chunks` chunks `pause` apart (each user's events on
-/// `partition_of(user)`), then one far-future event per partition (a `flush-*` user) so the
-/// watermark passes every window of the real users.
+fn input_record(partition: i32, user: &str, ts: i64, amount: i64) -> Produced {
+    let value = format!(r#"{{"user":"{user}","ts":{ts},"amount":{amount}}}"#);
+    (Some(partition), user.to_string(), value.into_bytes())
+}
+
+/// The events, each user's on `partition_of(user)`.
+fn events(partition_of: fn(&str) -> i32) -> Vec<Produced> {
+    (0..EVENTS)
+        .map(|i| {
+            let (u, ts, amount) = event(i);
+            let user = format!("user-{u}");
+            input_record(partition_of(&user), &user, ts, amount)
+        })
+        .collect()
+}
+
+/// The far-future event of partition `p` (a `flush-*` user): once every partition has had
+/// its own, the watermark passes every window of the real users.
+fn flush_event(p: i32, partition_of: fn(&str) -> i32) -> Produced {
+    let last = event(EVENTS - 1).1;
+    input_record(p, &flush_user(p, partition_of), last + 3_600_000, 0)
+}
+
+/// Produces the events in `chunks` chunks `pause` apart, then the flush event of every
+/// partition.
 fn produce(
     bootstrap: &str,
     topic: &str,
@@ -100,21 +129,8 @@ fn produce(
     chunks: usize,
     pause: Duration,
 ) -> std::thread::JoinHandle<()> {
-    let record = |partition: i32, user: &str, ts: i64, amount: i64| -> Produced {
-        let value = format!(r#"{{"user":"{user}","ts":{ts},"amount":{amount}}}"#);
-        (Some(partition), user.to_string(), value.into_bytes())
-    };
-    let mut records: Vec<Produced> = (0..EVENTS)
-        .map(|i| {
-            let (u, ts, amount) = event(i);
-            let user = format!("user-{u}");
-            record(partition_of(&user), &user, ts, amount)
-        })
-        .collect();
-    let last = event(EVENTS - 1).1;
-    records.extend(
-        (0..PARTITIONS).map(|p| record(p, &flush_user(p, partition_of), last + 3_600_000, 0)),
-    );
+    let mut records = events(partition_of);
+    records.extend((0..PARTITIONS).map(|p| flush_event(p, partition_of)));
     produce_records_paced(bootstrap, topic, records, chunks, pause)
 }
 
@@ -317,23 +333,28 @@ fn transactional_offsets_takeover_emits_every_window_once() {
     takeover("eos_windowed_takeover_txn_offsets", "transactional-offsets");
 }
 
+/// The flags of scaled-out instance `name` after the common ones.
+fn instance_flags(name: &str) -> [&str; 9] {
+    [
+        "--instance-id",
+        name,
+        "--input-partitioned-by-key",
+        "--session-timeout-ms",
+        "6000",
+        "--transaction-timeout-ms",
+        "8000",
+        "--recovery-allowance-ms",
+        "3000",
+    ]
+}
+
 /// Scaled-out instance `name`: its own checkpoint directory, input partitioned by user.
 fn start_instance(bootstrap: &str, dir: &std::path::Path, name: &str, run: &str) -> Proc {
     let args = job_args(
         bootstrap,
         "transactional-offsets",
         &dir.join(format!("checkpoints-{name}")),
-        &[
-            "--instance-id",
-            name,
-            "--input-partitioned-by-key",
-            "--session-timeout-ms",
-            "6000",
-            "--transaction-timeout-ms",
-            "8000",
-            "--recovery-allowance-ms",
-            "3000",
-        ],
+        &instance_flags(name),
     );
     let mut p = spawn_example("windowed_counts", &args, dir, run);
     let started = p.wait_line(Duration::from_secs(120), |l| l == "job started");
@@ -422,4 +443,122 @@ fn scaled_out_instances_emit_every_window_once() {
     );
     drop(broker);
     finish_dir(dir);
+}
+
+/// How [`restart_after_a_partition_was_read_to_its_end`] runs the job.
+#[derive(Clone, Copy, PartialEq)]
+enum Run {
+    TwoPhaseCommit,
+    TransactionalOffsets,
+    ScaledOut,
+}
+
+/// Every event is in the input, but only partition 0 has its flush event: the job reads
+/// partition 0 to its end while the other partitions hold the watermark before the last
+/// windows. Once the job's durable position of partition 0 (its checkpoint's, or the group's
+/// committed offset) is that end, it is SIGKILLed and started again, and the other
+/// partitions' flush events follow. Partition 0 has no record left for the restarted job: its
+/// watermark must resume from the event time stored with the position, or the windows of the
+/// job's last minute never close. Every window is then emitted exactly once.
+fn restart_after_a_partition_was_read_to_its_end(test: &str, run: Run) {
+    let _machine = exclusive();
+    let dir = scenario_dir(test);
+    bins();
+    let broker = scenario_broker(dir.path(), &[]);
+    let bootstrap = broker.bootstrap().to_string();
+    create_topics(
+        &bootstrap,
+        &["clicks", "click-counts", "click-counts.late"],
+        PARTITIONS,
+    );
+    let partition_of = if run == Run::ScaledOut {
+        by_key
+    } else {
+        by_user_number
+    };
+    let mut first = events(partition_of);
+    first.push(flush_event(0, partition_of));
+    produce_records_paced(&bootstrap, "clicks", first, 1, Duration::ZERO)
+        .join()
+        .expect("input producer");
+    let (_, end) = consumer_with(&bootstrap, true, false)
+        .fetch_watermarks("clicks", 0, Duration::from_secs(30))
+        .expect("end of partition 0");
+
+    let checkpoints = dir.path().join("checkpoints");
+    let (mode, extra) = match run {
+        Run::TwoPhaseCommit => ("two-phase-commit", Vec::new()),
+        Run::TransactionalOffsets => ("transactional-offsets", Vec::new()),
+        Run::ScaledOut => ("transactional-offsets", instance_flags("node-a").to_vec()),
+    };
+    let args = job_args(&bootstrap, mode, &checkpoints, &extra);
+    let start = |name: &str| {
+        let mut job = spawn_example("windowed_counts", &args, dir.path(), name);
+        let started = job.wait_line(Duration::from_secs(120), |l| l == "job started");
+        assert!(
+            started.is_some(),
+            "{name} did not start\n{}",
+            job.describe()
+        );
+        job
+    };
+    let mut job = start("first");
+    // the durable position of partition 0 reaches its end
+    let durable = || match run {
+        Run::TwoPhaseCommit => latest_complete(&checkpoints).and_then(|id| {
+            source_positions(&checkpoints, id, "clicks")
+                .get(&0)
+                .copied()
+        }),
+        _ => committed_offsets(&bootstrap, "windowed-group", "clicks", PARTITIONS)
+            .get(&0)
+            .copied(),
+    };
+    let at_end = wait_for(Duration::from_secs(120), durable, |at| *at == Some(end));
+    assert!(
+        at_end.is_some(),
+        "the job's durable position of partition 0 did not reach its end {end} (at {:?})\n{}",
+        durable(),
+        job.describe()
+    );
+    assert!(job.kill9(), "the job had exited\n{}", job.describe());
+    let restarted = start("restarted");
+    produce_records_paced(
+        &bootstrap,
+        "clicks",
+        (1..PARTITIONS)
+            .map(|p| flush_event(p, partition_of))
+            .collect(),
+        1,
+        Duration::ZERO,
+    )
+    .join()
+    .expect("flush producer");
+    check_windows(
+        test,
+        &bootstrap,
+        "click-counts",
+        &mut [job, restarted],
+        "after a restart with partition 0 read to its end",
+    );
+    drop(broker);
+    finish_dir(dir);
+}
+
+#[test]
+fn two_phase_commit_restart_closes_the_windows_of_a_partition_read_to_its_end() {
+    restart_after_a_partition_was_read_to_its_end("eos_windowed_resume_2pc", Run::TwoPhaseCommit);
+}
+
+#[test]
+fn transactional_offsets_restart_closes_the_windows_of_a_partition_read_to_its_end() {
+    restart_after_a_partition_was_read_to_its_end(
+        "eos_windowed_resume_txn_offsets",
+        Run::TransactionalOffsets,
+    );
+}
+
+#[test]
+fn scaled_out_restart_closes_the_windows_of_a_partition_read_to_its_end() {
+    restart_after_a_partition_was_read_to_its_end("eos_windowed_resume_scaled_out", Run::ScaledOut);
 }

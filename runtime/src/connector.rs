@@ -86,6 +86,40 @@ pub trait Source<T>: Send + 'static {
         false
     }
 
+    /// (event time) The highest event time read from each split up to the position
+    /// `snapshot_position` returns, asked right after it at every barrier; the runtime stores
+    /// it in the checkpoint and hands it to [`Source::resume_event_times`] on restore, so the
+    /// watermark resumes where it was instead of waiting for a record of every split (a split
+    /// restored at its end has none). A source with a [`crate::WatermarkStrategy`] that tracks
+    /// splits answers this; empty by default.
+    fn event_times(&mut self) -> Vec<(u32, i64)> {
+        Vec::new()
+    }
+
+    /// (event time) The event times of the restored checkpoint ([`Source::event_times`] of
+    /// every subtask of the previous run, highest per split), given after
+    /// [`Source::restore`]. The source keeps those of its own splits. Ignored by default.
+    fn resume_event_times(&mut self, _times: Vec<(u32, i64)>) {}
+
+    /// (event time) For a source that keeps its position outside the checkpoint (e.g. Kafka
+    /// offsets committed in a transaction, which win over the checkpoint's): the highest event
+    /// time per split up to the position the next `snapshot_position` returns, given just
+    /// before it by the watermark strategy wrapping this source, to be stored with that
+    /// position. Ignored by default.
+    fn keep_event_times(&mut self, _times: &[(u32, i64)]) {}
+
+    /// (event time) For a source that starts from a position kept outside the checkpoint:
+    /// `Some` with the event times stored with that position (see
+    /// [`Source::keep_event_times`]; empty when none were), asked when the source is created
+    /// and after `restore`. The checkpoint's event times are then not used: they belong to
+    /// the checkpoint's positions, which may lie ahead of the position the source starts
+    /// from (a checkpoint whose offsets never committed), and resuming from them would make
+    /// the records in between late. `None` (the default): the source starts from the
+    /// checkpoint's positions, and from its event times.
+    fn kept_event_times(&self) -> Option<Vec<(u32, i64)>> {
+        None
+    }
+
     /// Checkpoint `checkpoint` is complete (e.g. to commit offsets externally). No-op by default.
     fn checkpoint_complete(&mut self, _checkpoint: CheckpointId) -> Result<()> {
         Ok(())

@@ -42,7 +42,12 @@ fn restored_for(
 ) -> Option<RestoredSubtask> {
     let snaps = loaded.nodes.get(uid)?;
     let mut r = RestoredSubtask::default();
+    let mut event_times = std::collections::BTreeMap::<u32, i64>::new();
     for s in snaps {
+        for (split, t) in &s.event_times {
+            let e = event_times.entry(*split).or_insert(*t);
+            *e = (*e).max(*t);
+        }
         r.key_groups.extend(
             s.key_groups
                 .iter()
@@ -57,6 +62,7 @@ fn restored_for(
             r.pending_commits.extend(s.pending_commits.iter().cloned());
         }
     }
+    r.event_times = event_times.into_iter().collect();
     Some(r)
 }
 

@@ -33,6 +33,8 @@ pub(crate) struct RestoredSubtask {
     pub key_groups: Vec<KeyGroupSnapshot>,
     pub operator_states: Vec<Vec<u8>>,
     pub pending_commits: Vec<(CheckpointId, Vec<u8>)>,
+    /// (sources) The highest event time per split over every subtask of the previous run.
+    pub event_times: Vec<(u32, i64)>,
 }
 
 /// Everything a node runner gets to set up one subtask.
@@ -213,6 +215,7 @@ impl<T: Data, F: SourceFactory<T>> NodeRunner for SourceRunner<T, F> {
                     .map(|b| decode::<<F::Source as Source<T>>::Position>(b))
                     .collect::<Result<Vec<_>>>()?;
                 source.restore(positions).map_err(|e| ctx.op_err(e))?;
+                source.resume_event_times(r.event_times);
             }
             let output = downcast_outputs::<T>(setup.outputs, &ctx)?;
             let control = setup

@@ -134,6 +134,8 @@ impl<T> WatermarkStrategy<T> {
 struct SplitState {
     generator: Box<dyn WatermarkGenerator>,
     last_event: Instant,
+    /// The highest event time read from the split (or resumed from a checkpoint).
+    max_event_time: Option<i64>,
 }
 
 /// Per-split watermarks of one source subtask, combined by minimum over the splits that
@@ -162,6 +164,7 @@ impl SplitWatermarks {
         self.splits.entry(split).or_insert_with(|| SplitState {
             generator: factory(),
             last_event: now,
+            max_event_time: None,
         });
     }
 
@@ -171,7 +174,30 @@ impl SplitWatermarks {
         if let Some(s) = self.splits.get_mut(&split) {
             s.generator.on_event(timestamp);
             s.last_event = now;
+            s.max_event_time = Some(s.max_event_time.map_or(timestamp, |m| m.max(timestamp)));
         }
+    }
+
+    /// `split` was read up to event time `event_time` before a restore (a checkpoint's or
+    /// an offset commit's record of it): its generator sees that time as a record, so its
+    /// watermark resumes there, as a record read again would set it. Does not count as
+    /// activity for idleness.
+    pub fn resume(&mut self, split: u32, event_time: i64, now: Instant) {
+        self.register_split(split, now);
+        if let Some(s) = self.splits.get_mut(&split) {
+            if s.max_event_time.is_none_or(|m| event_time > m) {
+                s.generator.on_event(event_time);
+                s.max_event_time = Some(event_time);
+            }
+        }
+    }
+
+    /// The highest event time of every split that has one.
+    pub fn event_times(&self) -> Vec<(u32, i64)> {
+        self.splits
+            .iter()
+            .filter_map(|(id, s)| s.max_event_time.map(|t| (*id, t)))
+            .collect()
     }
 
     /// Whether `split` is idle at `now`.
@@ -221,7 +247,11 @@ impl<T: Send + 'static, S: Source<T>> Source<T> for WatermarkedSource<S, T> {
     type Position = S::Position;
 
     fn restore(&mut self, positions: Vec<Self::Position>) -> Result<()> {
-        self.inner.restore(positions)
+        self.inner.restore(positions)?;
+        if let Some(kept) = self.inner.kept_event_times() {
+            self.resume(kept);
+        }
+        Ok(())
     }
 
     async fn poll(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourcePoll> {
@@ -237,7 +267,26 @@ impl<T: Send + 'static, S: Source<T>> Source<T> for WatermarkedSource<S, T> {
     }
 
     fn snapshot_position(&mut self, checkpoint: CheckpointId) -> Result<Self::Position> {
+        if self.strategy.split.is_some() {
+            self.inner.keep_event_times(&self.tracker.event_times());
+        }
         self.inner.snapshot_position(checkpoint)
+    }
+
+    fn event_times(&mut self) -> Vec<(u32, i64)> {
+        if self.strategy.split.is_some() {
+            self.tracker.event_times()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn resume_event_times(&mut self, times: Vec<(u32, i64)>) {
+        // a source whose position is kept outside the checkpoint resumed from the event times
+        // kept with it
+        if self.inner.kept_event_times().is_none() {
+            self.resume(times);
+        }
     }
 
     fn current_watermark(&mut self) -> Option<Watermark> {
@@ -254,6 +303,24 @@ impl<T: Send + 'static, S: Source<T>> Source<T> for WatermarkedSource<S, T> {
 
     fn checkpoint_complete(&mut self, checkpoint: CheckpointId) -> Result<()> {
         self.inner.checkpoint_complete(checkpoint)
+    }
+}
+
+impl<T: Send + 'static, S: Source<T>> WatermarkedSource<S, T> {
+    /// Resumes the event time of the splits this subtask reads (with a per-split strategy
+    /// only: a split of another subtask would hold this one's watermark back for good, and
+    /// without splits the times of several partitions cannot be told apart).
+    fn resume(&mut self, times: Vec<(u32, i64)>) {
+        if self.strategy.split.is_none() || times.is_empty() {
+            return;
+        }
+        let own = self.inner.splits();
+        let now = Instant::now();
+        for (split, t) in times {
+            if own.contains(&split) {
+                self.tracker.resume(split, t, now);
+            }
+        }
     }
 }
 
@@ -276,11 +343,17 @@ impl<T: Send + 'static, F: SourceFactory<T>> SourceFactory<T> for WatermarkedSou
                 tracker.register_split(split, now);
             }
         }
-        Ok(WatermarkedSource {
+        let mut source = WatermarkedSource {
             inner,
             strategy: self.strategy.clone(),
             tracker,
-        })
+        };
+        // a source that starts from a position kept outside the checkpoint knows its event
+        // times already
+        if let Some(kept) = source.inner.kept_event_times() {
+            source.resume(kept);
+        }
+        Ok(source)
     }
 }
 
@@ -345,6 +418,30 @@ mod tests {
         assert!(t.all_idle(t1 + Duration::from_secs(1)));
     }
 
+    #[test]
+    fn a_resumed_split_starts_at_its_event_time_and_never_goes_back() {
+        let s = WatermarkStrategy::<(u32, i64)>::bounded_out_of_orderness(
+            Duration::from_millis(10),
+            |r| r.1,
+        )
+        .with_splits(|r| r.0);
+        let mut t = s.tracker();
+        let t0 = Instant::now();
+        t.resume(0, 1_000, t0);
+        t.register_split(1, t0);
+        // split 1 has neither a record nor a resumed time: it holds back
+        assert_eq!(t.current(t0), None);
+        t.resume(1, 500, t0);
+        assert_eq!(t.current(t0), Some(Watermark(489)));
+        // a lower resumed time or an older record changes nothing
+        t.resume(1, 100, t0);
+        t.on_event(1, 300, t0);
+        assert_eq!(t.current(t0), Some(Watermark(489)));
+        t.on_event(1, 2_000, t0);
+        assert_eq!(t.current(t0), Some(Watermark(989)));
+        assert_eq!(t.event_times(), vec![(0, 1_000), (1, 2_000)]);
+    }
+
     /// A source of two splits; every record comes from split 0.
     struct TwoSplits;
 
@@ -366,13 +463,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn declared_splits_hold_the_watermark_back_before_their_first_record() {
-        let strategy =
-            WatermarkStrategy::bounded_out_of_orderness(Duration::ZERO, |r: &(u32, i64)| r.1)
-                .with_splits(|r| r.0);
-        let factory = (|_: &SubtaskInfo| Ok(TwoSplits)).with_watermarks(strategy);
-        let info = SubtaskInfo {
+    fn info() -> SubtaskInfo {
+        SubtaskInfo {
             job_name: "j".into(),
             operator: "src".into(),
             node_uid: "src".into(),
@@ -380,8 +472,76 @@ mod tests {
             parallelism: 1,
             max_parallelism: 128,
             restored_checkpoint: 0,
-        };
-        let mut source = factory.create(&info).unwrap();
+        }
+    }
+
+    fn by_split() -> WatermarkStrategy<(u32, i64)> {
+        WatermarkStrategy::bounded_out_of_orderness(Duration::ZERO, |r: &(u32, i64)| r.1)
+            .with_splits(|r| r.0)
+    }
+
+    #[tokio::test]
+    async fn restored_event_times_release_a_split_without_records() {
+        let factory = (|_: &SubtaskInfo| Ok(TwoSplits)).with_watermarks(by_split());
+        let mut source = factory.create(&info()).unwrap();
+        source.restore(Vec::new()).unwrap();
+        // split 7 is not this subtask's: its time is left out (it would hold back for good)
+        source.resume_event_times(vec![(1, 5_000), (7, 10)]);
+        let mut out = Vec::new();
+        source.poll(&mut out, 10).await.unwrap();
+        assert_eq!(source.current_watermark(), Some(Watermark(999)));
+        assert_eq!(source.event_times(), vec![(0, 1_000), (1, 5_000)]);
+    }
+
+    /// A source of two splits whose position is kept outside the checkpoint, with split 1's
+    /// event time; records come from split 0. Remembers what it was handed to keep.
+    #[derive(Default)]
+    struct KeptOutside {
+        kept: Vec<(u32, i64)>,
+    }
+
+    #[crate::async_trait]
+    impl Source<(u32, i64)> for KeptOutside {
+        type Position = ();
+        fn restore(&mut self, _: Vec<()>) -> Result<()> {
+            Ok(())
+        }
+        async fn poll(&mut self, out: &mut Vec<(u32, i64)>, _max: usize) -> Result<SourcePoll> {
+            out.push((0, 1_000));
+            Ok(SourcePoll::Ready)
+        }
+        fn snapshot_position(&mut self, _: CheckpointId) -> Result<()> {
+            Ok(())
+        }
+        fn splits(&self) -> Vec<u32> {
+            vec![0, 1]
+        }
+        fn keep_event_times(&mut self, times: &[(u32, i64)]) {
+            self.kept = times.to_vec();
+        }
+        fn kept_event_times(&self) -> Option<Vec<(u32, i64)>> {
+            Some(vec![(1, 3_000)])
+        }
+    }
+
+    #[tokio::test]
+    async fn a_source_that_keeps_its_position_outside_resumes_from_its_own_event_times() {
+        let factory = (|_: &SubtaskInfo| Ok(KeptOutside::default())).with_watermarks(by_split());
+        let mut source = factory.create(&info()).unwrap();
+        source.restore(Vec::new()).unwrap();
+        // the checkpoint's times are ignored: its positions are not where the source starts
+        source.resume_event_times(vec![(1, 9_000)]);
+        let mut out = Vec::new();
+        source.poll(&mut out, 10).await.unwrap();
+        assert_eq!(source.current_watermark(), Some(Watermark(999)));
+        source.snapshot_position(1).unwrap();
+        assert_eq!(source.inner.kept, vec![(0, 1_000), (1, 3_000)]);
+    }
+
+    #[tokio::test]
+    async fn declared_splits_hold_the_watermark_back_before_their_first_record() {
+        let factory = (|_: &SubtaskInfo| Ok(TwoSplits)).with_watermarks(by_split());
+        let mut source = factory.create(&info()).unwrap();
         let mut out = Vec::new();
         source.poll(&mut out, 10).await.unwrap();
         // split 1 was declared but has not delivered a record: no watermark yet

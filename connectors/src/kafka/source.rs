@@ -34,6 +34,43 @@ pub struct KafkaPosition {
     pub topic: String,
     /// (partition, next offset to read).
     pub offsets: Vec<(i32, i64)>,
+    /// (partition, highest event time read before its offset), for the partitions of
+    /// `offsets` whose event time the source's watermark strategy tracks. Goes into the
+    /// metadata of offsets committed in a transaction; not part of the checkpoint's copy of
+    /// the position (the runtime keeps a source's event times there itself).
+    #[serde(skip)]
+    pub event_times: Vec<(i32, i64)>,
+}
+
+impl KafkaPosition {
+    /// The position of `offsets` with those of `event_times` that belong to them.
+    pub(crate) fn with_event_times(
+        topic: String,
+        offsets: Vec<(i32, i64)>,
+        event_times: &BTreeMap<i32, i64>,
+    ) -> Self {
+        let event_times = offsets
+            .iter()
+            .filter_map(|(p, _)| event_times.get(p).map(|t| (*p, *t)))
+            .collect();
+        KafkaPosition {
+            topic,
+            offsets,
+            event_times,
+        }
+    }
+}
+
+/// The event times kept in the metadata of a group's committed offsets, by partition.
+pub(crate) fn event_times_of(committed: &TopicPartitionList) -> BTreeMap<i32, i64> {
+    committed
+        .elements()
+        .iter()
+        .filter(|e| matches!(e.offset(), Offset::Offset(_)))
+        .filter_map(|e| {
+            super::sink::event_time_of_metadata(e.metadata()).map(|t| (e.partition(), t))
+        })
+        .collect()
 }
 
 /// Builds Kafka source subtasks.
@@ -163,6 +200,10 @@ pub struct KafkaSourceReader<T> {
     parallelism: usize,
     last_transient_log: std::time::Instant,
     last_lag_report: std::time::Instant,
+    /// With a link: the event times kept with the group's committed offsets it starts from.
+    committed_event_times: Option<BTreeMap<i32, i64>>,
+    /// The event times the watermark strategy handed over for the next position.
+    event_times: BTreeMap<i32, i64>,
 }
 
 /// Errors librdkafka recovers from by itself (broker down or restarting).
@@ -242,6 +283,7 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
             .filter(|p| (*p as usize) % info.parallelism == info.index)
             .collect();
         let mut positions = BTreeMap::new();
+        let mut committed_event_times = None;
         if let Some(link) = &self.link {
             // transactional offsets: the group's committed offsets are the truth
             let mut tpl = TopicPartitionList::new();
@@ -256,6 +298,7 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
                     positions.insert(e.partition(), o);
                 }
             }
+            committed_event_times = Some(event_times_of(&committed));
             link.register_source(&info.node_uid, info.parallelism, consumer.group_metadata());
             tracing::info!(subtask = info.index, ?positions, group = %self.group, "kafka source starts from the group's committed offsets");
         }
@@ -274,6 +317,8 @@ impl<T: Send + 'static> SourceFactory<T> for KafkaSource<T> {
                 .checked_sub(Duration::from_secs(60))
                 .unwrap_or_else(std::time::Instant::now),
             last_lag_report: std::time::Instant::now(),
+            committed_event_times,
+            event_times: BTreeMap::new(),
         })
     }
 }
@@ -389,6 +434,16 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
         self.partitions.iter().map(|p| *p as u32).collect()
     }
 
+    fn keep_event_times(&mut self, times: &[(u32, i64)]) {
+        self.event_times = times.iter().map(|(p, t)| (*p as i32, *t)).collect();
+    }
+
+    fn kept_event_times(&self) -> Option<Vec<(u32, i64)>> {
+        self.committed_event_times
+            .as_ref()
+            .map(|m| m.iter().map(|(p, t)| (*p as u32, *t)).collect())
+    }
+
     async fn poll(&mut self, out: &mut Vec<T>, max: usize) -> onceflow_runtime::Result<SourcePoll> {
         if !self.assigned {
             self.assign()?;
@@ -451,10 +506,11 @@ impl<T: Send + 'static> Source<T> for KafkaSourceReader<T> {
         &mut self,
         checkpoint: CheckpointId,
     ) -> onceflow_runtime::Result<KafkaPosition> {
-        let pos = KafkaPosition {
-            topic: self.topic.clone(),
-            offsets: self.positions.iter().map(|(p, o)| (*p, *o)).collect(),
-        };
+        let pos = KafkaPosition::with_event_times(
+            self.topic.clone(),
+            self.positions.iter().map(|(p, o)| (*p, *o)).collect(),
+            &self.event_times,
+        );
         if let Some(link) = &self.link {
             link.record_positions(checkpoint, &self.node_uid, self.subtask, &pos);
         }

@@ -7,7 +7,6 @@ use crate::checkpoint::metadata::CheckpointMetadata;
 use crate::checkpoint::storage::{verify_state, CheckpointStorage, METADATA_FILE};
 use crate::config::RestoreMode;
 use crate::element::CheckpointId;
-use crate::state::format::decode;
 use crate::state::snapshot::SubtaskSnapshot;
 use crate::{Error, Result};
 
@@ -43,7 +42,7 @@ pub fn load_checkpoint(
     for node in &metadata.nodes {
         let mut subtasks = Vec::with_capacity(node.files.len());
         for f in &node.files {
-            let (payload, path) = match &f.inline {
+            let ((version, payload), path) = match &f.inline {
                 Some(framed) => {
                     let path = storage.location(id, METADATA_FILE);
                     (verify_state(framed, f.len, f.crc32c, &path)?, path)
@@ -53,9 +52,11 @@ pub fn load_checkpoint(
                     storage.location(id, &f.file),
                 ),
             };
-            let snap: SubtaskSnapshot = decode(&payload).map_err(|e| Error::CorruptCheckpoint {
-                path,
-                reason: e.to_string(),
+            let snap = SubtaskSnapshot::decode_versioned(version, &payload).map_err(|e| {
+                Error::CorruptCheckpoint {
+                    path,
+                    reason: e.to_string(),
+                }
             })?;
             subtasks.push(snap);
         }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::checkpoint::metadata::{v2, CheckpointMetadata};
 use crate::element::CheckpointId;
-use crate::state::format::{decode, encode, frame, unframe, unframe_versioned, FrameKind};
+use crate::state::format::{decode, encode, frame, unframe_versioned, FrameKind};
 use crate::{Error, Result};
 
 /// Durable storage of checkpoints.
@@ -32,8 +32,15 @@ pub trait CheckpointStorage: Send + Sync + 'static {
     }
     /// Reads and verifies a checkpoint's metadata.
     fn read_metadata(&self, id: CheckpointId) -> Result<CheckpointMetadata>;
-    /// Reads a state file, verifies it against `len`/`crc` and returns the payload.
-    fn read_state(&self, id: CheckpointId, file: &str, len: u64, crc: u32) -> Result<Vec<u8>>;
+    /// Reads a state file, verifies it against `len`/`crc` and returns its format version
+    /// and payload.
+    fn read_state(
+        &self,
+        id: CheckpointId,
+        file: &str,
+        len: u64,
+        crc: u32,
+    ) -> Result<(u16, Vec<u8>)>;
     /// Deletes a checkpoint.
     fn discard(&self, id: CheckpointId) -> Result<()>;
     /// Human-readable location of a file (for error messages).
@@ -88,8 +95,14 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Verifies a framed state read from `path` (a state file, or the metadata file that holds it
-/// inline) against the length and crc32c the metadata recorded, and returns its payload.
-pub(crate) fn verify_state(bytes: &[u8], len: u64, crc: u32, path: &Path) -> Result<Vec<u8>> {
+/// inline) against the length and crc32c the metadata recorded, and returns its format
+/// version and payload.
+pub(crate) fn verify_state(
+    bytes: &[u8],
+    len: u64,
+    crc: u32,
+    path: &Path,
+) -> Result<(u16, Vec<u8>)> {
     if bytes.len() as u64 != len {
         return Err(Error::CorruptCheckpoint {
             path: path.to_path_buf(),
@@ -105,7 +118,8 @@ pub(crate) fn verify_state(bytes: &[u8], len: u64, crc: u32, path: &Path) -> Res
             reason: "checksum differs from the one recorded in the metadata".into(),
         });
     }
-    Ok(unframe(FrameKind::State, bytes, path)?.to_vec())
+    let (version, payload) = unframe_versioned(FrameKind::State, bytes, path)?;
+    Ok((version, payload.to_vec()))
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
@@ -177,7 +191,13 @@ impl CheckpointStorage for LocalDirStorage {
         decode(payload).map_err(corrupt)
     }
 
-    fn read_state(&self, id: CheckpointId, file: &str, len: u64, crc: u32) -> Result<Vec<u8>> {
+    fn read_state(
+        &self,
+        id: CheckpointId,
+        file: &str,
+        len: u64,
+        crc: u32,
+    ) -> Result<(u16, Vec<u8>)> {
         let path = self.location(id, file);
         let bytes = fs::read(&path).map_err(|e| Error::io(&path, e))?;
         verify_state(&bytes, len, crc, &path)
@@ -283,6 +303,80 @@ mod tests {
             }
             other => panic!("expected a corrupt checkpoint, got {other:?}"),
         }
+    }
+
+    /// A source's event times travel with its snapshot, in a file or inline.
+    #[test]
+    fn event_times_restore_with_the_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = LocalDirStorage::new(dir.path()).unwrap();
+        st.begin(7).unwrap();
+        let mut on_disk = snapshot(0, b"a");
+        on_disk.event_times = vec![(0, 1_000), (2, -5)];
+        let on_disk = encode(&on_disk).unwrap();
+        let (len, crc32c) = st.write_state(7, "n00-op-0.state", &on_disk).unwrap();
+        let mut inline = snapshot(1, b"b");
+        inline.event_times = vec![(1, i64::MAX)];
+        let files = vec![
+            StateFileMetadata {
+                subtask: 0,
+                file: "n00-op-0.state".into(),
+                len,
+                crc32c,
+                inline: None,
+            },
+            StateFileMetadata::inlined(1, "n00-op-1.state".into(), &encode(&inline).unwrap()),
+        ];
+        st.commit_metadata(&metadata(files)).unwrap();
+        let loaded = load_checkpoint(&st, 7).unwrap();
+        let times: Vec<_> = loaded.nodes["n00-op"]
+            .iter()
+            .map(|s| s.event_times.clone())
+            .collect();
+        assert_eq!(times, vec![vec![(0, 1_000), (2, -5)], vec![(1, i64::MAX)]]);
+    }
+
+    /// A state file written by a format-3 build (no event times) still restores, without
+    /// event times.
+    #[test]
+    fn format_3_state_restores_without_event_times() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = LocalDirStorage::new(dir.path()).unwrap();
+        st.begin(7).unwrap();
+        // the version-3 layout: bincode of the same fields without `event_times`, framed as 3
+        type V3 = (
+            String,
+            u32,
+            u32,
+            u64,
+            Vec<crate::state::KeyGroupSnapshot>,
+            Option<Vec<u8>>,
+            Vec<(u64, Vec<u8>)>,
+        );
+        let v3: V3 = (
+            "n00-op".into(),
+            0,
+            2,
+            7,
+            Vec::new(),
+            Some(b"old".to_vec()),
+            Vec::new(),
+        );
+        let mut bytes = frame(FrameKind::State, &encode(&v3).unwrap());
+        bytes[4..6].copy_from_slice(&3u16.to_le_bytes());
+        fs::write(st.location(7, "n00-op-0.state"), &bytes).unwrap();
+        let files = vec![StateFileMetadata {
+            subtask: 0,
+            file: "n00-op-0.state".into(),
+            len: bytes.len() as u64,
+            crc32c: crc32c::crc32c(&bytes),
+            inline: None,
+        }];
+        st.commit_metadata(&metadata(files)).unwrap();
+        let loaded = load_checkpoint(&st, 7).unwrap();
+        let snap = &loaded.nodes["n00-op"][0];
+        assert_eq!(snap.operator_state.as_deref(), Some(&b"old"[..]));
+        assert!(snap.event_times.is_empty());
     }
 
     /// Metadata written by a format-2 build (no inline field) still reads and restores.

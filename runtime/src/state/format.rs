@@ -19,8 +19,10 @@ pub const MAGIC: &[u8; 4] = b"OFLW";
 /// hash of [`crate::keygroup`]. A version-1 checkpoint cannot be restored by this build: its
 /// keys would land in other key groups than their state. 3 lets the metadata carry small
 /// subtask snapshots inline (`StateFileMetadata::inline`); state frames are unchanged, and a
-/// version-2 metadata file is read as one without inline state.
-pub const FORMAT_VERSION: u16 = 3;
+/// version-2 metadata file is read as one without inline state. 4 adds a source's event time
+/// per split to its state (`SubtaskSnapshot::event_times`); older state frames restore
+/// without it.
+pub const FORMAT_VERSION: u16 = 4;
 /// Oldest format version this build restores.
 pub const MIN_FORMAT_VERSION: u16 = 2;
 /// Size of the frame header.

@@ -43,6 +43,7 @@ pub(crate) async fn run_source<T: Data, S: Source<T>>(
             let snap = source.snapshot_position(id).and_then(|p| {
                 let mut s = ctx.snapshot_for(id);
                 s.operator_state = Some(encode(&p)?);
+                s.event_times = source.event_times();
                 Ok(s)
             });
             ctx.persist_and_ack(id, snap);

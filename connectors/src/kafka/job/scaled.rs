@@ -31,8 +31,8 @@ use super::outputs::{Exchange, KafkaOutputs, Progress};
 use super::watcher::spawn_watcher;
 use super::{failpoint, instance, permissions, say, startup, JobSummary, KafkaJob};
 use crate::kafka::scale::{
-    ensure_changelog_topics, ensure_repartition_topics, read_committed_offsets, ChangelogCache,
-    ChangelogTopic, InstanceMember, MemberConfig, RebalanceListener, Repartition,
+    ensure_changelog_topics, ensure_repartition_topics, read_committed, read_committed_offsets,
+    ChangelogCache, ChangelogTopic, InstanceMember, MemberConfig, RebalanceListener, Repartition,
     RepartitionPurger, RepartitionTopic, StateChangelog, TopicPartition,
 };
 use crate::kafka::{
@@ -191,6 +191,30 @@ fn input_partition_count(brokers: &str, s: &Settings) -> Result<i32> {
         .map_err(|e| KafkaError::client("creating a metadata client", e))?;
     let n = crate::kafka::source::partition_count(&consumer, &s.input, Duration::from_secs(30))?;
     Ok(n as i32)
+}
+
+/// The event time kept in the metadata of the group's committed offset of each of
+/// `partitions` of `input` that has one. Blocking.
+fn committed_event_times(
+    reader: &rdkafka::consumer::BaseConsumer,
+    input: &str,
+    partitions: &[i32],
+) -> Result<BTreeMap<i32, i64>> {
+    let tps: Vec<TopicPartition> = partitions
+        .iter()
+        .map(|p| TopicPartition {
+            topic: input.to_string(),
+            partition: *p,
+        })
+        .collect();
+    let committed = read_committed(reader, &tps, Duration::from_secs(30))?;
+    Ok(committed
+        .into_iter()
+        .filter(|(_, (at, _))| at.is_some())
+        .filter_map(|(tp, (_, metadata))| {
+            crate::kafka::sink::event_time_of_metadata(&metadata).map(|t| (tp.partition, t))
+        })
+        .collect())
 }
 
 /// Whether a failed dataflow's error is the group refusing its commit: the stale generation
@@ -417,6 +441,24 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             }
             let owned: BTreeMap<i32, u64> = member.owned_as_built(&s.input);
             let tasks: Vec<i32> = owned.keys().copied().collect();
+            // (event time) each owned partition's watermark resumes from the event time kept
+            // with its committed offset: a partition read to its end by its previous owner has
+            // no record left to advance it, and its windows moved here would never close
+            let event_times = match &self.watermarks {
+                None => BTreeMap::new(),
+                Some(_) => match committed_event_times(&offsets_reader, &s.input, &tasks) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        failures += 10;
+                        if failures >= MAX_FAILURES * 10 {
+                            return Err(e);
+                        }
+                        tracing::warn!(error = %e, "reading the committed offsets' event times failed; trying again");
+                        std::thread::sleep(Duration::from_millis(500));
+                        continue;
+                    }
+                },
+            };
             let mut line = format!(
                 "instance {instance}: dataflow for assignment {assignment}, partitions {tasks:?}"
             );
@@ -459,7 +501,8 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             });
             let source = KafkaSource::new(brokers.to_string(), s.input.clone(), decoder)
                 .transactional_offsets(link.clone())
-                .in_group(member.clone());
+                .in_group(member.clone())
+                .resuming_event_times(event_times);
             let input = match &self.watermarks {
                 Some(w) => env.source("kafka-in", source.with_watermarks(w.clone())),
                 None => env.source("kafka-in", source),

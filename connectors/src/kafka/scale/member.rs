@@ -250,6 +250,18 @@ pub fn read_committed_offsets(
     partitions: &[TopicPartition],
     timeout: Duration,
 ) -> Result<BTreeMap<TopicPartition, Option<i64>>, KafkaError> {
+    Ok(read_committed(reader, partitions, timeout)?
+        .into_iter()
+        .map(|(tp, (at, _))| (tp, at))
+        .collect())
+}
+
+/// [`read_committed_offsets`], with each offset's metadata (empty when none was committed).
+pub fn read_committed(
+    reader: &BaseConsumer,
+    partitions: &[TopicPartition],
+    timeout: Duration,
+) -> Result<BTreeMap<TopicPartition, (Option<i64>, String)>, KafkaError> {
     let deadline = Instant::now() + timeout;
     loop {
         let got = reader
@@ -271,7 +283,7 @@ pub fn read_committed_offsets(
                     topic: e.topic().to_string(),
                     partition: e.partition(),
                 },
-                at,
+                (at, e.metadata().to_string()),
             );
         }
         match failed {

@@ -20,8 +20,8 @@ pub use changelog::{
 };
 pub use key::{murmur2, task_of, KafkaKey};
 pub use member::{
-    member_client_id, read_committed_offsets, wait_until_instance_is_free, GroupMember,
-    MemberConfig, RebalanceListener, TopicPartition,
+    member_client_id, read_committed, read_committed_offsets, wait_until_instance_is_free,
+    GroupMember, MemberConfig, RebalanceListener, TopicPartition,
 };
 pub use queues::{InstanceMember, RecordQueue};
 pub use repartition::{

@@ -35,6 +35,8 @@ pub struct GroupSource<T> {
     link: Option<OffsetsLink>,
     /// Counter and label to count the records read under, besides the consumed-records one.
     counter: Option<(&'static str, &'static str)>,
+    /// The event times kept with the group's committed offsets the partitions start from.
+    committed_event_times: BTreeMap<i32, i64>,
 }
 
 impl<T: 'static> GroupSource<T> {
@@ -62,7 +64,16 @@ impl<T: 'static> GroupSource<T> {
             decode,
             link,
             counter: None,
+            committed_event_times: BTreeMap::new(),
         }
+    }
+
+    /// The event times kept in the metadata of the group's committed offsets of the owned
+    /// partitions (read after the assignment was pinned, see
+    /// [`crate::kafka::scale::read_committed`]): each partition's watermark resumes there.
+    pub(crate) fn resuming_event_times(mut self, times: BTreeMap<i32, i64>) -> Self {
+        self.committed_event_times = times;
+        self
     }
 
     /// Also counts the records read in counter `name` with label `direction` = `value`.
@@ -106,6 +117,10 @@ pub struct GroupSourceReader<T> {
     /// The queue the next poll starts with, so one busy partition does not starve the others.
     next_queue: usize,
     subtask: usize,
+    /// The event times kept with the committed offsets the partitions start from.
+    committed_event_times: BTreeMap<i32, i64>,
+    /// The event times the watermark strategy handed over for the next position.
+    event_times: BTreeMap<i32, i64>,
 }
 
 impl<T: Send + 'static> SourceFactory<T> for GroupSource<T> {
@@ -159,6 +174,8 @@ impl<T: Send + 'static> SourceFactory<T> for GroupSource<T> {
             positions: BTreeMap::new(),
             next_queue: 0,
             subtask: info.index,
+            committed_event_times: self.committed_event_times.clone(),
+            event_times: BTreeMap::new(),
         })
     }
 }
@@ -183,6 +200,20 @@ impl<T: Send + 'static> Source<T> for GroupSourceReader<T> {
             .iter()
             .map(|(tp, _, _)| tp.partition as u32)
             .collect()
+    }
+
+    fn keep_event_times(&mut self, times: &[(u32, i64)]) {
+        self.event_times = times.iter().map(|(p, t)| (*p as i32, *t)).collect();
+    }
+
+    fn kept_event_times(&self) -> Option<Vec<(u32, i64)>> {
+        // the group's committed offsets are where every partition starts
+        Some(
+            self.committed_event_times
+                .iter()
+                .map(|(p, t)| (*p as u32, *t))
+                .collect(),
+        )
     }
 
     async fn poll(&mut self, out: &mut Vec<T>, max: usize) -> onceflow_runtime::Result<SourcePoll> {
@@ -270,10 +301,11 @@ impl<T: Send + 'static> Source<T> for GroupSourceReader<T> {
                 partition: *p,
             }) == Some(*assignment)
         });
-        let pos = KafkaPosition {
+        let pos = KafkaPosition::with_event_times(
             topic,
-            offsets: self.positions.iter().map(|(p, (o, _))| (*p, *o)).collect(),
-        };
+            self.positions.iter().map(|(p, (o, _))| (*p, *o)).collect(),
+            &self.event_times,
+        );
         if let Some(link) = &self.link {
             link.record_positions(checkpoint, &self.node_uid, self.subtask, &pos);
         }

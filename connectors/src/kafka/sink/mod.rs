@@ -20,6 +20,7 @@ use super::config::{DeliveryMode, KafkaSinkConfig};
 
 pub use at_least_once::AtLeastOnceWriter;
 pub use seal::{seal_transactional_id, CheckpointSeal};
+pub(crate) use transactional_offsets::event_time_of_metadata;
 pub use transactional_offsets::{committed_checkpoint, OffsetsLink, OffsetsWriter};
 pub use two_phase::{TwoPhasePending, TwoPhaseWriter, TxnHandle};
 

@@ -41,6 +41,34 @@ use super::{KafkaPending, KafkaSink, SinkRecord};
 
 const TXN_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const CHK_META_PREFIX: &str = "onceflow-chk=";
+const EVENT_TIME_META: &str = ";event-time=";
+
+/// The metadata of a source offset this sink commits: `onceflow-chk=<checkpoint>`, and
+/// `;event-time=<ms>` when the source tracks the partition's event time (the highest event
+/// time read before the offset, from which the partition's watermark resumes, as Kafka
+/// Streams keeps its partition time in the commit's metadata).
+pub(crate) fn offset_metadata(checkpoint: CheckpointId, event_time: Option<i64>) -> String {
+    match event_time {
+        Some(t) => format!("{CHK_META_PREFIX}{checkpoint}{EVENT_TIME_META}{t}"),
+        None => format!("{CHK_META_PREFIX}{checkpoint}"),
+    }
+}
+
+/// The checkpoint named by an offset's metadata ([`offset_metadata`]), if it is onceflow's.
+pub(crate) fn checkpoint_of_metadata(metadata: &str) -> Option<CheckpointId> {
+    let rest = metadata.strip_prefix(CHK_META_PREFIX)?;
+    let end = rest.find(';').unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// The event time kept in an offset's metadata ([`offset_metadata`]), if any.
+pub(crate) fn event_time_of_metadata(metadata: &str) -> Option<i64> {
+    checkpoint_of_metadata(metadata)?;
+    let at = metadata.find(EVENT_TIME_META)? + EVENT_TIME_META.len();
+    let rest = &metadata[at..];
+    let end = rest.find(';').unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
 
 /// A source or sink subtask: its node uid and subtask index.
 type SubtaskKey = (String, usize);
@@ -261,7 +289,12 @@ impl OffsetsLink {
                 tpl.add_partition_offset(&pos.topic, *p, Offset::Offset(*o))
                     .map_err(|e| KafkaError::client("building offsets", e))?;
                 if let Some(mut el) = tpl.find_partition(&pos.topic, *p) {
-                    el.set_metadata(format!("{CHK_META_PREFIX}{checkpoint}"));
+                    let event_time = pos
+                        .event_times
+                        .iter()
+                        .find(|(q, _)| q == p)
+                        .map(|(_, t)| *t);
+                    el.set_metadata(offset_metadata(checkpoint, event_time));
                 }
             }
         }
@@ -537,11 +570,7 @@ pub fn committed_checkpoint(
         if !matches!(e.offset(), Offset::Offset(_)) {
             continue;
         }
-        let Some(c) = e
-            .metadata()
-            .strip_prefix(CHK_META_PREFIX)
-            .and_then(|v| v.parse::<CheckpointId>().ok())
-        else {
+        let Some(c) = checkpoint_of_metadata(e.metadata()) else {
             return Err(KafkaError::Config(format!(
                 "group {group} has an offset for {topic}/{} without onceflow checkpoint metadata (`{}`): it was committed by another application; use another group",
                 e.partition(),
@@ -567,6 +596,28 @@ mod tests {
     }
 
     #[test]
+    fn offset_metadata_names_the_checkpoint_and_the_event_time() {
+        let m = offset_metadata(12, Some(1_700_000_899_950));
+        assert_eq!(m, "onceflow-chk=12;event-time=1700000899950");
+        assert_eq!(checkpoint_of_metadata(&m), Some(12));
+        assert_eq!(event_time_of_metadata(&m), Some(1_700_000_899_950));
+        assert_eq!(
+            event_time_of_metadata(&offset_metadata(3, Some(-7))),
+            Some(-7)
+        );
+        // what earlier builds committed: a checkpoint, no event time
+        assert_eq!(checkpoint_of_metadata("onceflow-chk=9"), Some(9));
+        assert_eq!(event_time_of_metadata("onceflow-chk=9"), None);
+        // another application's metadata is neither
+        assert_eq!(checkpoint_of_metadata("event-time=5"), None);
+        assert_eq!(event_time_of_metadata("x;event-time=5"), None);
+        assert_eq!(
+            event_time_of_metadata("onceflow-chk=1;event-time=five"),
+            None
+        );
+    }
+
+    #[test]
     fn a_commit_waits_for_every_subtask_of_every_source() {
         let link = OffsetsLink::new();
         link.register_source("n00-input", 2, None);
@@ -574,6 +625,7 @@ mod tests {
         let pos = |topic: &str, p: i32| KafkaPosition {
             topic: topic.into(),
             offsets: vec![(p, 10)],
+            event_times: Vec::new(),
         };
         link.record_positions(4, "n00-input", 0, &pos("in", 0));
         link.record_positions(4, "n00-input", 1, &pos("in", 1));
