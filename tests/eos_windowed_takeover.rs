@@ -16,6 +16,7 @@ use std::time::Duration;
 use rdkafka::consumer::Consumer;
 
 use onceflow_testkit::bins::*;
+use onceflow_testkit::broker_process::BrokerProcess;
 use onceflow_testkit::checkpoints::{latest_complete, source_positions};
 use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
@@ -196,18 +197,31 @@ fn job_args(
     .collect()
 }
 
-fn takeover(test: &str, mode: &str) {
-    let _machine = exclusive();
+/// The machine to itself, the scenario's directory, a broker on it and the test's topics
+/// (input `clicks`, output `click-counts` and its late side output).
+fn scenario(
+    test: &str,
+) -> (
+    std::sync::MutexGuard<'static, ()>,
+    ScenarioDir,
+    BrokerProcess,
+) {
+    let machine = exclusive();
     let dir = scenario_dir(test);
     bins();
     let broker = scenario_broker(dir.path(), &[]);
-    let bootstrap = broker.bootstrap().to_string();
-    let (input, output) = ("clicks", "click-counts");
     create_topics(
-        &bootstrap,
-        &[input, output, "click-counts.late"],
+        broker.bootstrap(),
+        &["clicks", "click-counts", "click-counts.late"],
         PARTITIONS,
     );
+    (machine, dir, broker)
+}
+
+fn takeover(test: &str, mode: &str) {
+    let (_machine, dir, broker) = scenario(test);
+    let bootstrap = broker.bootstrap().to_string();
+    let (input, output) = ("clicks", "click-counts");
     let args = job_args(&bootstrap, mode, &dir.path().join("checkpoints"), &[]);
 
     let producer = produce(
@@ -369,17 +383,9 @@ fn start_instance(bootstrap: &str, dir: &std::path::Path, name: &str, run: &str)
 /// with the right count and sum.
 #[test]
 fn scaled_out_instances_emit_every_window_once() {
-    let _machine = exclusive();
     let test = "eos_windowed_scale_out";
-    let dir = scenario_dir(test);
-    bins();
-    let broker = scenario_broker(dir.path(), &[]);
+    let (_machine, dir, broker) = scenario(test);
     let bootstrap = broker.bootstrap().to_string();
-    create_topics(
-        &bootstrap,
-        &["clicks", "click-counts", "click-counts.late"],
-        PARTITIONS,
-    );
     let users: std::collections::BTreeSet<i32> =
         (0..USERS).map(|u| by_key(&format!("user-{u}"))).collect();
     assert_eq!(
@@ -461,16 +467,8 @@ enum Run {
 /// watermark must resume from the event time stored with the position, or the windows of the
 /// job's last minute never close. Every window is then emitted exactly once.
 fn restart_after_a_partition_was_read_to_its_end(test: &str, run: Run) {
-    let _machine = exclusive();
-    let dir = scenario_dir(test);
-    bins();
-    let broker = scenario_broker(dir.path(), &[]);
+    let (_machine, dir, broker) = scenario(test);
     let bootstrap = broker.bootstrap().to_string();
-    create_topics(
-        &bootstrap,
-        &["clicks", "click-counts", "click-counts.late"],
-        PARTITIONS,
-    );
     let partition_of = if run == Run::ScaledOut {
         by_key
     } else {

@@ -442,8 +442,14 @@ mod tests {
         assert_eq!(t.event_times(), vec![(0, 1_000), (1, 2_000)]);
     }
 
-    /// A source of two splits; every record comes from split 0.
-    struct TwoSplits;
+    /// A source of two splits; every record comes from split 0. With `outside`, its position
+    /// is kept outside the checkpoint, with those event times; it remembers the event times it
+    /// was handed to keep.
+    #[derive(Default)]
+    struct TwoSplits {
+        outside: Option<Vec<(u32, i64)>>,
+        kept: Vec<(u32, i64)>,
+    }
 
     #[crate::async_trait]
     impl Source<(u32, i64)> for TwoSplits {
@@ -460,6 +466,12 @@ mod tests {
         }
         fn splits(&self) -> Vec<u32> {
             vec![0, 1]
+        }
+        fn keep_event_times(&mut self, times: &[(u32, i64)]) {
+            self.kept = times.to_vec();
+        }
+        fn kept_event_times(&self) -> Option<Vec<(u32, i64)>> {
+            self.outside.clone()
         }
     }
 
@@ -482,7 +494,7 @@ mod tests {
 
     #[tokio::test]
     async fn restored_event_times_release_a_split_without_records() {
-        let factory = (|_: &SubtaskInfo| Ok(TwoSplits)).with_watermarks(by_split());
+        let factory = (|_: &SubtaskInfo| Ok(TwoSplits::default())).with_watermarks(by_split());
         let mut source = factory.create(&info()).unwrap();
         source.restore(Vec::new()).unwrap();
         // split 7 is not this subtask's: its time is left out (it would hold back for good)
@@ -493,40 +505,15 @@ mod tests {
         assert_eq!(source.event_times(), vec![(0, 1_000), (1, 5_000)]);
     }
 
-    /// A source of two splits whose position is kept outside the checkpoint, with split 1's
-    /// event time; records come from split 0. Remembers what it was handed to keep.
-    #[derive(Default)]
-    struct KeptOutside {
-        kept: Vec<(u32, i64)>,
-    }
-
-    #[crate::async_trait]
-    impl Source<(u32, i64)> for KeptOutside {
-        type Position = ();
-        fn restore(&mut self, _: Vec<()>) -> Result<()> {
-            Ok(())
-        }
-        async fn poll(&mut self, out: &mut Vec<(u32, i64)>, _max: usize) -> Result<SourcePoll> {
-            out.push((0, 1_000));
-            Ok(SourcePoll::Ready)
-        }
-        fn snapshot_position(&mut self, _: CheckpointId) -> Result<()> {
-            Ok(())
-        }
-        fn splits(&self) -> Vec<u32> {
-            vec![0, 1]
-        }
-        fn keep_event_times(&mut self, times: &[(u32, i64)]) {
-            self.kept = times.to_vec();
-        }
-        fn kept_event_times(&self) -> Option<Vec<(u32, i64)>> {
-            Some(vec![(1, 3_000)])
-        }
-    }
-
     #[tokio::test]
     async fn a_source_that_keeps_its_position_outside_resumes_from_its_own_event_times() {
-        let factory = (|_: &SubtaskInfo| Ok(KeptOutside::default())).with_watermarks(by_split());
+        let factory = (|_: &SubtaskInfo| {
+            Ok(TwoSplits {
+                outside: Some(vec![(1, 3_000)]),
+                ..TwoSplits::default()
+            })
+        })
+        .with_watermarks(by_split());
         let mut source = factory.create(&info()).unwrap();
         source.restore(Vec::new()).unwrap();
         // the checkpoint's times are ignored: its positions are not where the source starts
@@ -540,7 +527,7 @@ mod tests {
 
     #[tokio::test]
     async fn declared_splits_hold_the_watermark_back_before_their_first_record() {
-        let factory = (|_: &SubtaskInfo| Ok(TwoSplits)).with_watermarks(by_split());
+        let factory = (|_: &SubtaskInfo| Ok(TwoSplits::default())).with_watermarks(by_split());
         let mut source = factory.create(&info()).unwrap();
         let mut out = Vec::new();
         source.poll(&mut out, 10).await.unwrap();

@@ -250,16 +250,21 @@ mod tests {
         }
     }
 
-    /// One subtask's state in a file, the other's inline in the metadata: both restore, and
-    /// only the first has a file.
+    /// One subtask's state in a file, the other's inline in the metadata: both restore, with
+    /// their event times, and only the first has a file.
     #[test]
     fn inline_and_file_states_restore_side_by_side() {
         let dir = tempfile::tempdir().unwrap();
         let st = LocalDirStorage::new(dir.path()).unwrap();
         st.begin(7).unwrap();
-        let on_disk = encode(&snapshot(0, b"in a file")).unwrap();
-        let (len, crc32c) = st.write_state(7, "n00-op-0.state", &on_disk).unwrap();
-        let inline = encode(&snapshot(1, b"inline")).unwrap();
+        let mut on_disk = snapshot(0, b"in a file");
+        on_disk.event_times = vec![(0, 1_000), (2, -5)];
+        let (len, crc32c) = st
+            .write_state(7, "n00-op-0.state", &encode(&on_disk).unwrap())
+            .unwrap();
+        let mut inline = snapshot(1, b"inline");
+        inline.event_times = vec![(1, i64::MAX)];
+        let inline = encode(&inline).unwrap();
         let files = vec![
             StateFileMetadata {
                 subtask: 0,
@@ -279,6 +284,11 @@ mod tests {
             .map(|s| s.operator_state.clone().unwrap())
             .collect();
         assert_eq!(states, vec![b"in a file".to_vec(), b"inline".to_vec()]);
+        let times: Vec<_> = loaded.nodes["n00-op"]
+            .iter()
+            .map(|s| s.event_times.clone())
+            .collect();
+        assert_eq!(times, vec![vec![(0, 1_000), (2, -5)], vec![(1, i64::MAX)]]);
     }
 
     /// An inline state recorded with the wrong length or checksum is reported against the
@@ -303,37 +313,6 @@ mod tests {
             }
             other => panic!("expected a corrupt checkpoint, got {other:?}"),
         }
-    }
-
-    /// A source's event times travel with its snapshot, in a file or inline.
-    #[test]
-    fn event_times_restore_with_the_snapshot() {
-        let dir = tempfile::tempdir().unwrap();
-        let st = LocalDirStorage::new(dir.path()).unwrap();
-        st.begin(7).unwrap();
-        let mut on_disk = snapshot(0, b"a");
-        on_disk.event_times = vec![(0, 1_000), (2, -5)];
-        let on_disk = encode(&on_disk).unwrap();
-        let (len, crc32c) = st.write_state(7, "n00-op-0.state", &on_disk).unwrap();
-        let mut inline = snapshot(1, b"b");
-        inline.event_times = vec![(1, i64::MAX)];
-        let files = vec![
-            StateFileMetadata {
-                subtask: 0,
-                file: "n00-op-0.state".into(),
-                len,
-                crc32c,
-                inline: None,
-            },
-            StateFileMetadata::inlined(1, "n00-op-1.state".into(), &encode(&inline).unwrap()),
-        ];
-        st.commit_metadata(&metadata(files)).unwrap();
-        let loaded = load_checkpoint(&st, 7).unwrap();
-        let times: Vec<_> = loaded.nodes["n00-op"]
-            .iter()
-            .map(|s| s.event_times.clone())
-            .collect();
-        assert_eq!(times, vec![vec![(0, 1_000), (2, -5)], vec![(1, i64::MAX)]]);
     }
 
     /// A state file written by a format-3 build (no event times) still restores, without
