@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::config::{JobConfig, RestoreMode};
+use crate::config::{JobConfig, RestoreMode, DEFAULT_STATE_INLINE_THRESHOLD};
 
 impl FromStr for RestoreMode {
     type Err = String;
@@ -39,6 +39,10 @@ pub struct JobArgs {
     /// Complete checkpoints to keep.
     #[arg(long, default_value_t = 3)]
     pub retained_checkpoints: usize,
+    /// A subtask snapshot up to this many bytes is kept inside the checkpoint's `_metadata`
+    /// instead of a file of its own (0: every snapshot gets a file).
+    #[arg(long, default_value_t = DEFAULT_STATE_INLINE_THRESHOLD)]
+    pub state_inline_threshold_bytes: usize,
     /// Where to restore from: `latest`, `none` or a checkpoint id (default: latest when a
     /// checkpoint directory is given).
     #[arg(long)]
@@ -52,6 +56,7 @@ impl JobArgs {
             .parallelism(self.parallelism)
             .max_parallelism(self.max_parallelism)
             .retained_checkpoints(self.retained_checkpoints)
+            .state_inline_threshold(self.state_inline_threshold_bytes)
             .stop_on_sigterm(true);
         if self.checkpoint_interval_ms > 0 {
             c = c.checkpoint_interval(Duration::from_millis(self.checkpoint_interval_ms));
@@ -93,6 +98,9 @@ mod tests {
         assert_eq!(c.parallelism, 3);
         assert_eq!(c.restore, RestoreMode::Latest);
         assert_eq!(c.checkpoint_interval, Some(Duration::from_millis(250)));
+        assert_eq!(c.state_inline_threshold, DEFAULT_STATE_INLINE_THRESHOLD);
+        let cli = Cli::parse_from(["job", "--state-inline-threshold-bytes", "0"]);
+        assert_eq!(cli.job.to_config("j").state_inline_threshold, 0);
         assert!(Cli::try_parse_from(["job", "--restore", "maybe"]).is_err());
         let cli = Cli::parse_from(["job", "--restore", "7", "--checkpoint-dir", "d"]);
         assert_eq!(cli.job.to_config("j").restore, RestoreMode::Checkpoint(7));
