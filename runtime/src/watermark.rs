@@ -316,10 +316,15 @@ impl<T: Send + 'static, S: Source<T>> WatermarkedSource<S, T> {
         }
         let own = self.inner.splits();
         let now = Instant::now();
-        for (split, t) in times {
-            if own.contains(&split) {
-                self.tracker.resume(split, t, now);
-            }
+        let resumed: Vec<(u32, i64)> = times
+            .into_iter()
+            .filter(|(split, _)| own.contains(split))
+            .collect();
+        for (split, t) in &resumed {
+            self.tracker.resume(*split, *t, now);
+        }
+        if !resumed.is_empty() {
+            tracing::info!(splits = ?resumed, "event time resumed from the stored position (split, ms)");
         }
     }
 }
