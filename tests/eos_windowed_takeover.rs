@@ -17,7 +17,7 @@ use rdkafka::consumer::Consumer;
 
 use onceflow_testkit::bins::*;
 use onceflow_testkit::broker_process::BrokerProcess;
-use onceflow_testkit::checkpoints::{latest_complete, source_positions};
+use onceflow_testkit::checkpoints::{latest_complete, try_source_positions};
 use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
@@ -501,13 +501,12 @@ fn restart_after_a_partition_was_read_to_its_end(test: &str, run: Run) {
         job
     };
     let mut job = start("first");
-    // the durable position of partition 0 reaches its end
+    // the durable position of partition 0 reaches its end (a checkpoint the running job
+    // discarded since it was listed counts as not there yet)
     let durable = || match run {
-        Run::TwoPhaseCommit => latest_complete(&checkpoints).and_then(|id| {
-            source_positions(&checkpoints, id, "clicks")
-                .get(&0)
-                .copied()
-        }),
+        Run::TwoPhaseCommit => latest_complete(&checkpoints)
+            .and_then(|id| try_source_positions(&checkpoints, id, "clicks").ok())
+            .and_then(|positions| positions.get(&0).copied()),
         _ => committed_offsets(&bootstrap, "windowed-group", "clicks", PARTITIONS)
             .get(&0)
             .copied(),

@@ -41,9 +41,15 @@ pub fn highest_checkpoint_id(dir: &Path) -> u64 {
 /// Next input offset per partition of `topic` that checkpoint `id` in `dir` recorded (the
 /// sources' snapshots), i.e. where a restore of `id` starts reading.
 pub fn source_positions(dir: &Path, id: u64, topic: &str) -> HashMap<i32, i64> {
-    let storage = LocalDirStorage::new(dir).expect("checkpoint storage");
-    let loaded = load_checkpoint(&storage, id)
-        .unwrap_or_else(|e| panic!("load checkpoint {id} from {}: {e}", dir.display()));
+    try_source_positions(dir, id, topic)
+        .unwrap_or_else(|e| panic!("load checkpoint {id} from {}: {e}", dir.display()))
+}
+
+/// [`source_positions`] of a job that may still be running: checkpoint `id` may have been
+/// discarded (retention) since it was listed, which is an error here, not a panic.
+pub fn try_source_positions(dir: &Path, id: u64, topic: &str) -> Result<HashMap<i32, i64>, String> {
+    let storage = LocalDirStorage::new(dir).map_err(|e| e.to_string())?;
+    let loaded = load_checkpoint(&storage, id).map_err(|e| e.to_string())?;
     let mut positions = HashMap::new();
     for snap in loaded.nodes.values().flatten() {
         let Some(state) = &snap.operator_state else {
@@ -57,7 +63,7 @@ pub fn source_positions(dir: &Path, id: u64, topic: &str) -> HashMap<i32, i64> {
             positions.extend(pos.offsets);
         }
     }
-    positions
+    Ok(positions)
 }
 
 /// Where every valid input record sits: id -> (partition, offset), read from `topic`.
