@@ -24,6 +24,8 @@ fuzz_target!(|data: &[u8]| {
     }
     let framed = frame(FrameKind::State, data);
     if let Ok(payload) = unframe(FrameKind::State, &framed, path) {
-        let _ = decode::<SubtaskSnapshot>(payload);
+        // the current layout and the one of formats 2 and 3 (no event times)
+        let _ = SubtaskSnapshot::decode_versioned(4, payload);
+        let _ = SubtaskSnapshot::decode_versioned(3, payload);
     }
 });
