@@ -193,6 +193,19 @@ fn input_partition_count(brokers: &str, s: &Settings) -> Result<i32> {
     Ok(n as i32)
 }
 
+/// A step of setting up the next dataflow failed: it counts as much as a failed dataflow
+/// (the instance gives up with `e` once they add up to [`MAX_FAILURES`]); otherwise the
+/// instance waits a little and starts the set-up again.
+fn setup_failed(failures: &mut u32, e: KafkaError, what: &str) -> Result<()> {
+    *failures += 10;
+    if *failures >= MAX_FAILURES * 10 {
+        return Err(e);
+    }
+    tracing::warn!(error = %e, "{what} failed; trying again");
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(())
+}
+
 /// The event time kept in the metadata of the group's committed offset of each of
 /// `partitions` of `input` that has one. Blocking.
 fn committed_event_times(
@@ -429,12 +442,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                             member.member().rewind(&committed, Duration::from_secs(30))
                         });
                 if let Err(e) = rewound {
-                    failures += 10;
-                    if failures >= MAX_FAILURES * 10 {
-                        return Err(e);
-                    }
-                    tracing::warn!(error = %e, "rewinding to the committed offsets failed; trying again");
-                    std::thread::sleep(Duration::from_millis(500));
+                    setup_failed(&mut failures, e, "rewinding to the committed offsets")?;
                     continue;
                 }
                 rewind = false;
@@ -449,12 +457,11 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 Some(_) => match committed_event_times(&offsets_reader, &s.input, &tasks) {
                     Ok(t) => t,
                     Err(e) => {
-                        failures += 10;
-                        if failures >= MAX_FAILURES * 10 {
-                            return Err(e);
-                        }
-                        tracing::warn!(error = %e, "reading the committed offsets' event times failed; trying again");
-                        std::thread::sleep(Duration::from_millis(500));
+                        setup_failed(
+                            &mut failures,
+                            e,
+                            "reading the committed offsets' event times",
+                        )?;
                         continue;
                     }
                 },
