@@ -472,6 +472,11 @@ fn main() -> anyhow::Result<()> {
                                 format!("{run_id}-{counter}"),
                             ));
                         }
+                        // odd repetitions run the modes in reverse, so no mode always runs
+                        // first (on a fresh machine) or right after the same other mode
+                        if rep % 2 == 1 {
+                            specs.reverse();
+                        }
                         let labels: Vec<&str> = specs.iter().map(|s| s.mode).collect();
                         let results = if args.concurrent {
                             pipeline::run_concurrently(&rt, specs)
