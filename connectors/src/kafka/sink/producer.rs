@@ -244,7 +244,10 @@ fn send_record(p: &Prod, mut rec: BaseRecord<'_, [u8], [u8]>) -> std::result::Re
 }
 
 /// Serves delivery reports until nothing is in flight (or `timeout`). Blocking, without
-/// spinning: it sleeps in steps of 1 ms while records await their acks.
+/// spinning: between two looks it waits up to 1 ms for the producer's last record to be
+/// acknowledged ([`wait_flushing`]), and while it waits the producer sends what lingers at
+/// once, so a drain takes the produce round trips of the records in flight, not `linger.ms`
+/// more.
 pub fn drain(p: &Prod, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -258,7 +261,28 @@ pub fn drain(p: &Prod, timeout: Duration) -> Result<()> {
                 p.in_flight_count()
             )));
         }
-        serve_then_sleep(p);
+        wait_flushing(p, IDLE_STEP);
+    }
+}
+
+/// Waits up to `step` until the producer holds no record, as librdkafka's `rd_kafka_flush`
+/// does: for the wait, librdkafka treats the records that linger (`linger.ms`) as due, wakes
+/// its broker threads to send them, and returns as soon as the last one is acknowledged.
+/// rust-rdkafka's own `flush` cannot do this: it calls `rd_kafka_flush` with no time to
+/// wait, so the flag is down again before a broker thread looks at it, and then polls for up
+/// to 100 ms between calls. Delivery reports are not served here (the producer reports
+/// through its event queue, which `rd_kafka_flush` leaves alone); [`drain`] polls between
+/// two waits.
+#[allow(unsafe_code)]
+fn wait_flushing(p: &Prod, step: Duration) {
+    let ms = step.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: `native_ptr` is the handle of the live producer `p`, which is borrowed for the
+    // whole call, so the handle is not destroyed during it; `rd_kafka_flush` may be called
+    // from any thread while other threads produce to or poll the same handle (librdkafka's
+    // handles are thread-safe), and it only waits, so its result needs no handling: the
+    // caller counts the records still in flight itself.
+    unsafe {
+        rdkafka::bindings::rd_kafka_flush(p.client().native_ptr(), ms);
     }
 }
 
@@ -341,6 +365,51 @@ mod tests {
             id,
             learn_ids: true,
         }
+    }
+
+    /// A drain sends the records that linger instead of waiting out `linger.ms`: with a
+    /// linger of 100 s, records are only sent before it ends if the drain makes them
+    /// due, so a drain that waited for the linger would fail at its 30 s timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_sends_what_lingers_at_once() {
+        let broker =
+            onceflow_testkit::inproc::start_with(onceflow_broker::BrokerConfig::default()).await;
+        let bootstrap = broker.bootstrap_servers();
+        let mut cfg = KafkaSinkConfig::new(&bootstrap, "lingering");
+        cfg.client_properties
+            .set("linger.ms", "100000")
+            .expect("a property the job may set");
+        let (p, ctx) = create(&cfg, Kind::Idempotent).expect("producer");
+        for i in 0..20 {
+            send(
+                &p,
+                "lingering",
+                &SinkRecord::new(None, format!("r{i}").into_bytes()),
+            )
+            .expect("send");
+        }
+        assert_eq!(
+            p.in_flight_count(),
+            20,
+            "the records linger in the producer"
+        );
+        let drained = {
+            let p = p.clone();
+            tokio::task::spawn_blocking(move || drain(&p, Duration::from_secs(30)))
+                .await
+                .expect("drain thread")
+        };
+        drained.expect("the drain ends before the linger does");
+        assert_eq!(p.in_flight_count(), 0);
+        assert_eq!(take_delivery_error(&ctx), None);
+        let bootstrap2 = bootstrap.clone();
+        let seen = tokio::task::spawn_blocking(move || {
+            onceflow_testkit::clients::read_committed_values(&bootstrap2, "lingering")
+        })
+        .await
+        .expect("reader");
+        let want: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+        assert_eq!(seen, want, "every record in the log, in order");
     }
 
     #[test]
