@@ -5,7 +5,6 @@
 mod at_least_once;
 pub(crate) mod producer;
 mod seal;
-mod send_gate;
 mod transactional_offsets;
 mod two_phase;
 

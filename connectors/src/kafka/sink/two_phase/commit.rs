@@ -57,7 +57,7 @@ impl TwoPhaseWriter {
         ) else {
             return Ok(false);
         };
-        let (SlotState::Sealed { handle, since, .. }, Some((p, ..))) =
+        let (SlotState::Sealed { handle, since, .. }, Some((p, _, _))) =
             (&slot.state, &slot.producer)
         else {
             return Ok(false);
@@ -118,7 +118,7 @@ impl TwoPhaseWriter {
             return false;
         };
         let slot = &mut self.slots[i];
-        let (SlotState::Sealed { handle, since, .. }, Some((p, ..))) =
+        let (SlotState::Sealed { handle, since, .. }, Some((p, _, _))) =
             (&slot.state, &slot.producer)
         else {
             return false;

@@ -4,20 +4,14 @@
 //! pre_commit(n) seals the open transaction and begins the next one on a free slot at once;
 //! the sealed transaction's delivery reports drain on a blocking thread meanwhile
 //! (`PreCommit::Flushing`), and the runtime acknowledges checkpoint n only after the drain
-//! ended and finish_pre_commit(n) recorded (transactional id, producer id, epoch). No
-//! record of n+1 may be sent before the drain ended: two producers sending to one partition
-//! at once could put n+1's records in the log before n's, and a key's output would go out
-//! of order. So the records of n+1 that arrive during the drain wait (up to `HOLD_LIMIT`
-//! records; a write beyond waits for the drain): those of the default topic in the next
-//! producer, behind its closed send gate (`send_gate.rs`), which lets the producer register
-//! their partitions in its transaction (AddPartitionsToTxn) during the drain and send them
-//! the moment the gate opens, when the drain ended; records of other topics (or all, when
-//! the producer's gate could not be set up) in memory, handed over when the drain ended.
-//! So the pipeline upstream keeps running through the drain, the log keeps the order of
-//! the input, and the next transaction's first records leave without a round trip to the
-//! transaction coordinator after the drain. A failed drain fails the job (n+1's records are
-//! already elsewhere, so n cannot be pre-committed again); its transaction is aborted by
-//! the restart's fencing. commit(n) commits on the live producer.
+//! ended and finish_pre_commit(n) recorded (transactional id, producer id, epoch). The
+//! records of n+1 that arrive during the drain are held back in memory (up to
+//! `HOLD_LIMIT`; a write beyond waits) and handed to the next producer only once the drain
+//! ended: two producers sending to one partition at once could put n+1's records in the log
+//! before n's, and a key's output would go out of order. So the pipeline upstream keeps
+//! running through the drain, and the log keeps the order of the input. A failed drain fails
+//! the job (n+1's records are already elsewhere, so n cannot be pre-committed again); its
+//! transaction is aborted by the restart's fencing. commit(n) commits on the live producer.
 //! A slot whose transaction was committed at completion k is reused (same epoch) only after
 //! a later checkpoint completed: until then the latest complete checkpoint may still name
 //! that transaction, and a recovery EndTxn with the same epoch would commit the slot's new
@@ -61,7 +55,6 @@ use std::sync::Arc;
 use super::super::config::KafkaSinkConfig;
 use super::super::{metrics as m, KafkaError};
 use super::producer::{self, blocking, Ctx, Prod};
-use super::send_gate::SendGate;
 use super::{KafkaPending, KafkaSink, SinkRecord};
 use crate::kafka::committer;
 use crate::kafka::security::ClientSecurity;
@@ -135,9 +128,7 @@ enum SlotState {
 type Drain = futures::future::Shared<futures::future::BoxFuture<'static, Result<(), String>>>;
 
 /// A transactional producer with the producer id and epoch init_transactions gave it.
-/// A slot's producer: the producer, its context, its (producer id, epoch), and the gate of
-/// the default topic, if its partitions could be learned (see [`SendGate`]).
-type Made = (Arc<Prod>, Ctx, (i64, i16), Option<SendGate>);
+type Made = (Arc<Prod>, Ctx, (i64, i16));
 
 struct Slot {
     id: String,
@@ -165,51 +156,15 @@ pub struct TwoPhaseWriter {
     /// The drain of the transaction sealed last, until its pre-commit finished.
     draining: Option<Drain>,
     /// Records of the open transaction held back while the previous one drains (see the
-    /// module documentation): those of topics the open producer's gate does not cover.
+    /// module documentation).
     held: Vec<SinkRecord>,
-    /// While the previous transaction drains and the open producer's gate is closed: the
-    /// records and bytes handed to that producer since (see the module documentation).
-    gated: Option<(usize, usize)>,
-    /// Whether the producers' local queue takes [`HOLD_LIMIT`] records and
-    /// [`GATE_LIMIT_BYTES`] behind a closed gate with room to spare ([`gate_fits_queue`]).
-    gate_fits: bool,
     /// Set once the cluster could not answer DescribeTransactions: producers then learn
     /// their ids from librdkafka's statistics (see [`make_producer`]).
     ids_from_statistics: Arc<AtomicBool>,
 }
 
-/// At most this many records are held back during a drain, here or behind the next
-/// producer's gate; a write beyond waits for the drain.
+/// At most this many records are held back during a drain; a write beyond waits for it.
 const HOLD_LIMIT: usize = 20_000;
-
-/// At most this many bytes (keys and values) wait behind the next producer's gate during a
-/// drain; a write beyond waits for the drain.
-const GATE_LIMIT_BYTES: usize = 64 << 20;
-
-/// Whether librdkafka's local queue of a sink producer (`queue.buffering.max.messages`,
-/// `queue.buffering.max.kbytes`, the job's values or librdkafka's defaults) holds twice the
-/// most a closed gate lets wait in it. A full queue while the gate is closed would stall the
-/// write until the drain ended, with the gate still closed, so with a smaller queue the
-/// sink holds every record back itself instead.
-fn gate_fits_queue(cfg: &KafkaSinkConfig) -> bool {
-    let setting = |key: &str, default: u64| -> Option<u64> {
-        let v = cfg
-            .producer_properties
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-            .or_else(|| cfg.client_properties.get(key));
-        match v {
-            None => Some(default),
-            Some(v) => v.trim().parse().ok(),
-        }
-    };
-    let messages = setting("queue.buffering.max.messages", 100_000);
-    let kbytes = setting("queue.buffering.max.kbytes", 1_048_576);
-    matches!((messages, kbytes), (Some(m), Some(k))
-        if m >= 2 * HOLD_LIMIT as u64 && k.saturating_mul(1024) >= 2 * GATE_LIMIT_BYTES as u64)
-}
 
 fn txn_id(prefix: &str, subtask: usize, slot: usize) -> String {
     format!("{prefix}-{subtask}-{slot}")
@@ -247,10 +202,7 @@ fn make_producer(
             ))
         });
         match described {
-            Ok(ids) => {
-                let gate = learn_gate(&p, cfg, id);
-                return Ok((p, ctx, ids, gate));
-            }
+            Ok(ids) => return Ok((p, ctx, ids)),
             Err(e) => {
                 tracing::warn!(transactional_id = %id, error = %e, "the cluster did not answer DescribeTransactions (Kafka before 3.0?): this subtask's producers learn their ids from librdkafka's statistics instead");
                 from_statistics.store(true, Ordering::Relaxed);
@@ -263,20 +215,7 @@ fn make_producer(
     };
     let (p, ctx) = producer::create(cfg, kind)?;
     let ids = producer::init_and_learn(&p, &ctx, &cfg.default_topic, TXN_CALL_TIMEOUT)?;
-    let gate = learn_gate(&p, cfg, id);
-    Ok((p, ctx, ids, gate))
-}
-
-/// The send gate of the sink's default topic for a new producer; `None` (the sink then
-/// holds records back itself during drains) if its partitions cannot be learned.
-fn learn_gate(p: &Prod, cfg: &KafkaSinkConfig, id: &str) -> Option<SendGate> {
-    match SendGate::learn(p, &cfg.default_topic, DESCRIBE_PATIENCE) {
-        Ok(g) => Some(g),
-        Err(e) => {
-            tracing::debug!(transactional_id = %id, topic = %cfg.default_topic, error = %e, "no send gate: records written during a drain are held back in the sink");
-            None
-        }
-    }
+    Ok((p, ctx, ids))
 }
 
 impl TwoPhaseWriter {
@@ -304,8 +243,6 @@ impl TwoPhaseWriter {
             confirmed: Vec::new(),
             draining: None,
             held: Vec::new(),
-            gated: None,
-            gate_fits: gate_fits_queue(&sink.cfg),
             ids_from_statistics: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -388,63 +325,22 @@ impl TwoPhaseWriter {
             // time the transaction's start waited for its producer (near zero when it was
             // made ahead of use)
             metrics::histogram!(m::TXN_PRODUCER_WAIT_SECONDS).record(t0.elapsed().as_secs_f64());
-            tracing::debug!(transactional_id = %slot.id, producer_id = made.2 .0, epoch = made.2 .1, ahead, gate = made.3.is_some(), waited_ms = t0.elapsed().as_millis() as u64, "transactional producer ready");
+            tracing::debug!(transactional_id = %slot.id, producer_id = made.2 .0, epoch = made.2 .1, ahead, waited_ms = t0.elapsed().as_millis() as u64, "transactional producer ready");
             slot.producer = Some(made);
         }
-        let Some((p, _, _, gate)) = &slot.producer else {
+        let Some((p, _, _)) = &slot.producer else {
             return Err(onceflow_runtime::Error::Internal(
                 "slot without producer".into(),
             ));
         };
         p.begin_transaction()
             .map_err(|e| KafkaError::client(format!("begin_transaction on {}", slot.id), e))?;
-        // while the previous transaction drains, the new producer takes the default topic's
-        // records behind its closed gate (see the module documentation)
-        self.gated = None;
-        if self.draining.is_some() && self.gate_fits {
-            if let Some(g) = gate {
-                if g.close(p) {
-                    self.gated = Some((0, 0));
-                } else {
-                    tracing::debug!(transactional_id = %slot.id, topic = g.topic(), "the send gate could not hold every partition: holding records back in the sink");
-                }
-            }
-        }
         slot.state = SlotState::Open {
             since: Instant::now(),
             records: 0,
         };
         self.current = Some(i);
         Ok(())
-    }
-
-    /// The drain of the previous transaction ended (or failed, and its pre-commit fails the
-    /// job): the open producer's gate opens, and the records held back here follow.
-    fn end_hold(&mut self) -> onceflow_runtime::Result<()> {
-        if self.gated.take().is_some() {
-            if let Some(Slot {
-                producer: Some((p, _, _, Some(g))),
-                ..
-            }) = self.current.map(|i| &self.slots[i])
-            {
-                g.open(p);
-            }
-        }
-        let held = std::mem::take(&mut self.held);
-        self.send_open(held)
-    }
-
-    /// Splits records written during a drain into those the open producer's closed gate
-    /// holds back (the gate's topic) and those the sink holds back itself.
-    fn split_gated(&self, records: Vec<SinkRecord>) -> (Vec<SinkRecord>, Vec<SinkRecord>) {
-        let gate_topic = match (self.gated, self.current.map(|i| &self.slots[i].producer)) {
-            (Some(_), Some(Some((_, _, _, Some(g))))) => g.topic(),
-            _ => return (Vec::new(), records),
-        };
-        let default = self.cfg.default_topic.as_str();
-        records
-            .into_iter()
-            .partition(|r| r.topic.as_deref().unwrap_or(default) == gate_topic)
     }
 
     pub(crate) async fn write_batch(
@@ -454,25 +350,8 @@ impl TwoPhaseWriter {
         self.check_fatal()?;
         if let Some(drain) = &self.draining {
             if drain.peek().is_none() {
-                let (gated_n, gated_bytes) = self.gated.unwrap_or((0, 0));
-                let bytes: usize = records
-                    .iter()
-                    .map(|r| r.value.len() + r.key.as_ref().map_or(0, Vec::len))
-                    .sum();
-                if self.held.len() + gated_n + records.len() <= HOLD_LIMIT
-                    && gated_bytes + bytes <= GATE_LIMIT_BYTES
-                {
-                    let (to_gate, to_hold) = self.split_gated(records);
-                    self.held.extend(to_hold);
-                    if !to_gate.is_empty() {
-                        let n = to_gate.len();
-                        let b: usize = to_gate
-                            .iter()
-                            .map(|r| r.value.len() + r.key.as_ref().map_or(0, Vec::len))
-                            .sum();
-                        self.send_open(to_gate)?;
-                        self.gated = Some((gated_n + n, gated_bytes + b));
-                    }
+                if self.held.len() + records.len() <= HOLD_LIMIT {
+                    self.held.extend(records);
                     return Ok(());
                 }
                 let drain = drain.clone();
@@ -480,14 +359,14 @@ impl TwoPhaseWriter {
                 let _ = drain.await;
                 tracing::debug!(
                     held = self.held.len(),
-                    gated = gated_n,
                     waited_ms = t0.elapsed().as_millis() as u64,
                     "held-back records reached the limit: waited for the drain"
                 );
             }
             // the sealed transaction's records are all delivered (or it failed, and its
             // pre-commit fails the job): the held records may follow them now
-            self.end_hold()?;
+            let held = std::mem::take(&mut self.held);
+            self.send_open(held)?;
         }
         self.send_open(records)
     }
@@ -503,7 +382,7 @@ impl TwoPhaseWriter {
             ));
         };
         let slot = &mut self.slots[i];
-        let (Some((p, ctx, ..)), SlotState::Open { records: n, since }) =
+        let (Some((p, ctx, _)), SlotState::Open { records: n, since }) =
             (&slot.producer, &mut slot.state)
         else {
             return Err(onceflow_runtime::Error::Internal(
@@ -585,7 +464,7 @@ impl TwoPhaseWriter {
             return Ok(PreCommit::Done(Some(self.pending(checkpoint, None))));
         }
         let slot = &mut self.slots[i];
-        let Some((p, ..)) = slot.producer.clone() else {
+        let Some((p, _, _)) = slot.producer.clone() else {
             return Err(onceflow_runtime::Error::Internal(
                 "open slot without producer".into(),
             ));
@@ -642,7 +521,7 @@ impl TwoPhaseWriter {
         let outcome = drain.await;
         self.draining = None;
         let slot = &mut self.slots[i];
-        let Some((_, ctx, ids, _)) = &slot.producer else {
+        let Some((_, ctx, ids)) = &slot.producer else {
             return Err(onceflow_runtime::Error::Internal(
                 "draining slot without producer".into(),
             ));
@@ -673,7 +552,8 @@ impl TwoPhaseWriter {
             since,
         };
         tracing::debug!(checkpoint, transactional_id = %handle.transactional_id, producer_id = pid, epoch, records, "pre-committed");
-        self.end_hold()?;
+        let held = std::mem::take(&mut self.held);
+        self.send_open(held)?;
         Ok(self.pending(checkpoint, Some(handle)))
     }
 
@@ -699,11 +579,11 @@ impl TwoPhaseWriter {
                     drop(made);
                     Ok(())
                 }
-                Err(e) => Err((e, Box::new(made))),
+                Err(e) => Err((e, made)),
             })
             .await?;
             if let Err((e, made)) = back {
-                slot.producer = Some(*made);
+                slot.producer = Some(made);
                 return Err(KafkaError::client("abort_transaction", e).into());
             }
         }
