@@ -1,11 +1,12 @@
 //! Group membership of scaled-out instances (`scale::GroupMember`) against the bundled broker
-//! with the real client: cooperative-sticky moves only the partitions that must move, and a
+//! with the real client: cooperative-sticky moves only the partitions that must move, a
 //! partition is never handed to a new owner before its old owner's revoke callback (where the
-//! instance commits what is open for it) has returned.
+//! instance commits what is open for it) has returned, and while that callback runs the
+//! partition is still owned but no longer kept for a dataflow built meanwhile.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -104,11 +105,35 @@ impl Log {
 struct Listener {
     member: String,
     log: Arc<Log>,
+    /// The member this listener belongs to, to look at from inside its callbacks.
+    handle: OnceLock<Weak<GroupMember>>,
+    /// What the member said during each revoke callback: partitions revoked but not owned
+    /// any more, or still kept for a new dataflow (both wrong).
+    revoke_faults: Arc<Mutex<Vec<String>>>,
 }
 
 impl RebalanceListener for Listener {
     fn revoking(&self, partitions: &[TopicPartition], _lost: bool) {
         self.log.push(&self.member, Kind::RevokeStarted, partitions);
+        // the instance's dataflow loop may build its next dataflow while this runs: the
+        // partitions are still owned (what is open for them is committed here) but not kept
+        if let Some(member) = self.handle.get().and_then(Weak::upgrade) {
+            let kept = member.kept();
+            for p in partitions {
+                if member.assignment_of(p).is_none() {
+                    self.revoke_faults.lock().push(format!(
+                        "{}: {p} not owned during its revoke callback",
+                        self.member
+                    ));
+                }
+                if kept.contains_key(p) {
+                    self.revoke_faults.lock().push(format!(
+                        "{}: {p} kept during its revoke callback",
+                        self.member
+                    ));
+                }
+            }
+        }
         self.log.push(&self.member, Kind::RevokeDone, partitions);
     }
 
@@ -122,17 +147,25 @@ struct Instance {
     thread: JoinHandle<()>,
 }
 
-fn start(brokers: &str, name: &str, log: &Arc<Log>) -> Instance {
+fn start(
+    brokers: &str,
+    name: &str,
+    log: &Arc<Log>,
+    revoke_faults: &Arc<Mutex<Vec<String>>>,
+) -> Instance {
     let mut config = MemberConfig::new(brokers, "scale-group", vec![TOPIC.into()], name);
     config.session_timeout = Duration::from_secs(6);
     let listener = Arc::new(Listener {
         member: name.to_string(),
         log: log.clone(),
+        handle: OnceLock::new(),
+        revoke_faults: revoke_faults.clone(),
     });
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
     let thread = std::thread::spawn(move || {
-        let member = GroupMember::join(&config, listener).expect("joins");
+        let member = Arc::new(GroupMember::join(&config, listener.clone()).expect("joins"));
+        let _ = listener.handle.set(Arc::downgrade(&member));
         while !stopping.load(Ordering::SeqCst) {
             if let Some(Err(e)) = member.poll(Duration::from_millis(50)) {
                 eprintln!("member poll: {e}");
@@ -168,14 +201,15 @@ async fn cooperative_sticky_moves_only_what_must_move_and_revokes_before_reassig
         .expect("topic created");
 
     let log = Arc::new(Log::default());
-    let a = start(&brokers, "a", &log);
-    let b = start(&brokers, "b", &log);
+    let revoke_faults = Arc::new(Mutex::new(Vec::new()));
+    let a = start(&brokers, "a", &log, &revoke_faults);
+    let b = start(&brokers, "b", &log, &revoke_faults);
     log.wait_balanced(&[("a", 3), ("b", 3)]);
     let before_a = log.partitions_of("a");
     let before_b = log.partitions_of("b");
 
     let seen_before_c = log.0.lock().len();
-    let c = start(&brokers, "c", &log);
+    let c = start(&brokers, "c", &log, &revoke_faults);
     log.wait_balanced(&[("a", 2), ("b", 2), ("c", 2)]);
     assert!(
         log.partitions_of("a").is_subset(&before_a) && log.partitions_of("b").is_subset(&before_b),
@@ -210,4 +244,15 @@ async fn cooperative_sticky_moves_only_what_must_move_and_revokes_before_reassig
         log.owners().is_empty(),
         "closed members released everything"
     );
+    let revokes = log
+        .0
+        .lock()
+        .iter()
+        .filter(|e| matches!(e.kind, Kind::RevokeStarted) && !e.partitions.is_empty())
+        .count();
+    assert!(
+        revokes >= 3,
+        "the scenario revoked partitions ({revokes} callbacks)"
+    );
+    assert_eq!(*revoke_faults.lock(), Vec::<String>::new());
 }

@@ -68,12 +68,22 @@ pub trait RebalanceListener: Send + Sync + 'static {
     fn assigned(&self, partitions: &[TopicPartition]);
 }
 
+/// One owned partition.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    /// The number of the assignment that gave it to this instance (assignments are numbered
+    /// from 1 in the order this instance received them).
+    assignment: u64,
+    /// Its revoke callback runs: the instance still owns it (what is open for it is being
+    /// committed), but no dataflow built from now on may work on it.
+    revoking: bool,
+}
+
 /// The consumer context of a [`GroupMember`]: keeps the owned set and calls the listener.
 pub struct MemberContext {
     instance: String,
-    /// Owned partitions, each with the number of the assignment that gave it to this
-    /// instance (assignments are numbered from 1 in the order this instance received them).
-    owned: Mutex<BTreeMap<TopicPartition, u64>>,
+    /// Owned partitions.
+    owned: Mutex<BTreeMap<TopicPartition, Held>>,
     assignments: AtomicU64,
     listener: Arc<dyn RebalanceListener>,
 }
@@ -87,7 +97,15 @@ impl ConsumerContext for MemberContext {
             // partition the owned set does not name yet
             let seq = self.assignments.fetch_add(1, Ordering::SeqCst) + 1;
             let mut owned = self.owned.lock();
-            owned.extend(partitions_of(tpl).into_iter().map(|p| (p, seq)));
+            owned.extend(partitions_of(tpl).into_iter().map(|p| {
+                (
+                    p,
+                    Held {
+                        assignment: seq,
+                        revoking: false,
+                    },
+                )
+            }));
             metrics::gauge!(TASKS_OWNED).set(owned.len() as f64);
         }
         if let Rebalance::Revoke(tpl) = rebalance {
@@ -100,6 +118,17 @@ impl ConsumerContext for MemberContext {
                 partitions = %list(&partitions),
                 "releasing partitions"
             );
+            // marked before the callback: the callback ends the dataflow that works on them,
+            // and the instance may build its next dataflow before this callback returns and
+            // the partitions leave the owned set; that dataflow must not take them
+            {
+                let mut owned = self.owned.lock();
+                for p in &partitions {
+                    if let Some(held) = owned.get_mut(p) {
+                        held.revoking = true;
+                    }
+                }
+            }
             let started = Instant::now();
             self.listener.revoking(&partitions, lost);
             metrics::histogram!(REVOKE_SECONDS).record(started.elapsed().as_secs_f64());
@@ -361,7 +390,7 @@ impl GroupMember {
         self.consumer.poll(timeout)
     }
 
-    /// The partitions this instance owns now.
+    /// The partitions this instance owns now, those whose revoke callback runs included.
     pub fn owned(&self) -> BTreeSet<TopicPartition> {
         self.consumer
             .context()
@@ -372,11 +401,31 @@ impl GroupMember {
             .collect()
     }
 
+    /// The partitions this instance owns now and keeps: [`GroupMember::owned`] without those
+    /// whose revoke callback runs. What a dataflow built now may work on, each with the
+    /// number of the assignment that gave it.
+    pub fn kept(&self) -> BTreeMap<TopicPartition, u64> {
+        self.consumer
+            .context()
+            .owned
+            .lock()
+            .iter()
+            .filter(|(_, held)| !held.revoking)
+            .map(|(p, held)| (p.clone(), held.assignment))
+            .collect()
+    }
+
     /// The number of the assignment that gave `partition` to this instance, `None` if the
-    /// instance does not own it. A position read before the partition's current assignment
-    /// is stale: another instance may have moved the partition on in between.
+    /// instance does not own it (it still does while its revoke callback runs). A position
+    /// read before the partition's current assignment is stale: another instance may have
+    /// moved the partition on in between.
     pub fn assignment_of(&self, partition: &TopicPartition) -> Option<u64> {
-        self.consumer.context().owned.lock().get(partition).copied()
+        self.consumer
+            .context()
+            .owned
+            .lock()
+            .get(partition)
+            .map(|held| held.assignment)
     }
 
     /// The number of the latest assignment this instance received (0 before the first).

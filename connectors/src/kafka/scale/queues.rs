@@ -143,10 +143,11 @@ impl InstanceMember {
         self.0.queues.get(topic)?.get(&partition).cloned()
     }
 
-    /// Pins the partitions the next dataflow works on: the ones owned now. Its source
-    /// subtasks and its state restore both take [`InstanceMember::owned_as_built`], so a
-    /// partition assigned while the dataflow is being built is neither read nor restored by
-    /// it (the instance builds the next dataflow for it). Returns the pinned assignment.
+    /// Pins the partitions the next dataflow works on: the ones owned now, but for those
+    /// being revoked. Its source subtasks and its state restore both take
+    /// [`InstanceMember::owned_as_built`], so a partition assigned while the dataflow is
+    /// being built is neither read nor restored by it (the instance builds the next dataflow
+    /// for it). Returns the pinned assignment.
     pub fn pin_assignment(&self) -> u64 {
         let latest = self.0.member.latest_assignment();
         self.0.pinned.store(latest, Ordering::SeqCst);
@@ -154,16 +155,18 @@ impl InstanceMember {
     }
 
     /// The partitions of `topic` owned under the pinned assignment or an earlier one, each
-    /// with the number of the assignment that gave it (every owned one before any pin).
+    /// with the number of the assignment that gave it (every owned one before any pin),
+    /// without those being revoked ([`GroupMember::kept`]): a dataflow built while a revoke
+    /// callback ends the previous one runs before the revoked partitions leave the owned
+    /// set, and must not take them.
     pub fn owned_as_built(&self, topic: &str) -> BTreeMap<i32, u64> {
         let pinned = self.0.pinned.load(Ordering::SeqCst);
-        let member = &self.0.member;
-        member
-            .owned()
+        self.0
+            .member
+            .kept()
             .into_iter()
-            .filter(|tp| tp.topic == topic)
-            .filter_map(|tp| member.assignment_of(&tp).map(|a| (tp.partition, a)))
-            .filter(|(_, a)| *a <= pinned)
+            .filter(|(tp, a)| tp.topic == topic && *a <= pinned)
+            .map(|(tp, a)| (tp.partition, a))
             .collect()
     }
 
