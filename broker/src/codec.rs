@@ -93,10 +93,6 @@ pub struct FrameReader<R> {
     spares: Vec<(BytesMut, usize)>,
     /// Buffers allocated so far.
     allocations: u64,
-    /// The batch checksums of the frame being read, computed as its bytes arrive.
-    crcs: Option<crate::early_crc::BatchCrcs>,
-    /// Those of the frame last returned, until [`Self::take_checked`].
-    checked: Vec<crate::early_crc::CheckedBatch>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
@@ -110,8 +106,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             target: MIN_READ_BUFFER,
             spares: Vec::new(),
             allocations: 0,
-            crcs: None,
-            checked: Vec::new(),
         }
     }
 
@@ -120,33 +114,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.allocations
     }
 
-    /// The record batches of the frame last returned whose CRC-32C was computed while it
-    /// arrived (a Produce request's), for [`crate::early_crc::scope`].
-    pub fn take_checked(&mut self) -> Vec<crate::early_crc::CheckedBatch> {
-        std::mem::take(&mut self.checked)
-    }
-
     /// The next frame without its size prefix; `Ok(None)` on a clean end of stream between
     /// frames.
     pub async fn next_frame(&mut self) -> Result<Option<Bytes>> {
-        self.checked.clear();
         loop {
-            let size = self.frame_size()?;
-            if let Some(want) = size {
-                // The bytes that just arrived are checksummed while they are in the cache.
-                let have = self.buf.len().min(4 + want);
-                self.crcs
-                    .get_or_insert_with(crate::early_crc::BatchCrcs::new)
-                    .feed(&self.buf[4..have]);
-            }
-            let missing = match size {
+            let missing = match self.frame_size()? {
                 Some(want) if self.buf.len() >= 4 + want => {
                     self.buf.advance(4);
-                    let frame = self.buf.split_to(want).freeze();
-                    if let Some(crcs) = self.crcs.take() {
-                        self.checked = crcs.finish(&frame);
-                    }
-                    return Ok(Some(frame));
+                    return Ok(Some(self.buf.split_to(want).freeze()));
                 }
                 Some(want) => 4 + want - self.buf.len(),
                 None => 4 - self.buf.len(),

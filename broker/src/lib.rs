@@ -28,7 +28,6 @@ pub mod bufpool;
 pub mod codec;
 pub mod config;
 pub mod decompress;
-pub mod early_crc;
 pub mod error;
 pub mod framed_log;
 pub mod group;

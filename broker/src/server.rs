@@ -603,14 +603,9 @@ async fn serve_connection<R, W>(
                     let state = Arc::clone(&state);
                     let session = Arc::clone(&session);
                     let order = OrderGate(Mutex::new(Some(tx)));
-                    let checked = reader.take_checked();
                     let handler = ORDER_GATE
                         .scope(order, async move {
-                            let response = crate::early_crc::scope(
-                                checked,
-                                handle_frame(&state, &session, frame),
-                            )
-                            .await;
+                            let response = handle_frame(&state, &session, frame).await;
                             let go_on = response.is_some() && !session.close_requested();
                             let _ = ORDER_GATE.try_with(|g| g.fire(go_on));
                             response

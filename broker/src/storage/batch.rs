@@ -174,8 +174,7 @@ pub fn validate_batch(buf: &[u8]) -> Result<BatchHeader, BatchFault> {
             buf.len()
         )));
     }
-    // A produced batch's CRC may have been computed while its request arrived.
-    let crc = crate::early_crc::known(buf).unwrap_or_else(|| crate::crc32c(&buf[CRC_START..]));
+    let crc = crate::crc32c(&buf[CRC_START..]);
     if crc != h.crc {
         return Err(BatchFault::Corrupt(format!(
             "CRC-32C mismatch: stored {:#010x}, computed {crc:#010x}",
