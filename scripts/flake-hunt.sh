@@ -9,8 +9,9 @@
 #   scripts/flake-hunt.sh --list      # the crash, kill, stall, network and e2e binaries
 #   scripts/flake-hunt.sh -n 20 --load all
 #
-# PKG:TEST names a cargo package and one of its integration test targets; `all` stands for
-# the list printed by --list. Each run executes the whole test binary (every test in it, one
+# PKG:TEST names a cargo package and one of its integration test targets, or `lib` for the
+# unit tests of its library (PKG:lib); `all` stands for the list printed by --list. Each run
+# executes the whole test binary (every test in it, one
 # at a time: --test-threads=1) so that runs do not compete with each other; the load is the
 # only other thing on the machine. Logs of failed runs are kept in DIR (default
 # target/flake-hunt/<timestamp>); the summary table is also written to DIR/summary.txt.
@@ -105,13 +106,21 @@ EOF
 # Build every chosen test binary once and find its path.
 declare -A bin
 args=()
-for t in "${targets[@]}"; do args+=(-p "${t%%:*}" --test "${t#*:}"); done
+for t in "${targets[@]}"; do
+  if [ "${t#*:}" = lib ]; then args+=(-p "${t%%:*}" --lib); else args+=(-p "${t%%:*}" --test "${t#*:}"); fi
+done
 echo "flake-hunt: building ${#targets[@]} test binaries"
 cargo test --no-run --message-format=json "${args[@]}" 2>"$out/build.log" >"$out/build.json" || {
   echo "flake-hunt: build failed, see $out/build.log" >&2; exit 1; }
 for t in "${targets[@]}"; do
   name="${t#*:}"
-  path=$(artifact "$name" test)
+  if [ "$name" = lib ]; then
+    # the unit tests of the package's library: its crate name, kind lib
+    pkg="${t%%:*}"
+    path=$(artifact "${pkg//-/_}" lib)
+  else
+    path=$(artifact "$name" test)
+  fi
   [ -n "$path" ] || { echo "flake-hunt: no test binary for $t" >&2; exit 1; }
   bin[$t]="$path"
 done
