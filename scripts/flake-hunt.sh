@@ -106,9 +106,13 @@ EOF
 # Build every chosen test binary once and find its path.
 declare -A bin
 args=()
+lib=
 for t in "${targets[@]}"; do
-  if [ "${t#*:}" = lib ]; then args+=(-p "${t%%:*}" --lib); else args+=(-p "${t%%:*}" --test "${t#*:}"); fi
+  args+=(-p "${t%%:*}")
+  if [ "${t#*:}" = lib ]; then lib=1; else args+=(--test "${t#*:}"); fi
 done
+# cargo takes --lib once, for every package named
+[ -z "$lib" ] || args+=(--lib)
 echo "flake-hunt: building ${#targets[@]} test binaries"
 cargo test --no-run --message-format=json "${args[@]}" 2>"$out/build.log" >"$out/build.json" || {
   echo "flake-hunt: build failed, see $out/build.log" >&2; exit 1; }
