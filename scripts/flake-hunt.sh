@@ -4,15 +4,16 @@
 # once is flaky: its verdict depends on timing, and it will reject good submissions at random.
 #
 # Usage:
-#   scripts/flake-hunt.sh [-n RUNS] [--load] [--out DIR] PKG:TEST [PKG:TEST ...]
+#   scripts/flake-hunt.sh [-n RUNS] [--load] [--threads N] [--out DIR] PKG:TEST [PKG:TEST ...]
 #   scripts/flake-hunt.sh -n 20 --load onceflow-connectors:crash_exactly_once onceflow:eos_kill9
 #   scripts/flake-hunt.sh --list      # the crash, kill, stall, network and e2e binaries
 #   scripts/flake-hunt.sh -n 20 --load all
 #
 # PKG:TEST names a cargo package and one of its integration test targets, or `lib` for the
 # unit tests of its library (PKG:lib); `all` stands for the list printed by --list. Each run
-# executes the whole test binary (every test in it, one
-# at a time: --test-threads=1) so that runs do not compete with each other; the load is the
+# executes the whole test binary (every test in it, one at a time: --test-threads=1, or N
+# side by side with --threads N, as `cargo test` in CI runs them on an N-core machine), and
+# runs do not overlap, so that they do not compete with each other; the load is the
 # only other thing on the machine. Logs of failed runs are kept in DIR (default
 # target/flake-hunt/<timestamp>); the summary table is also written to DIR/summary.txt.
 #
@@ -64,6 +65,7 @@ ALL=(
 
 runs=20
 load=0
+threads=1
 out=""
 targets=()
 extra=()
@@ -71,6 +73,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     -n) runs="$2"; shift 2 ;;
     --load) load=1; shift ;;
+    --threads) threads="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --list) printf '%s\n' "${ALL[@]}"; exit 0 ;;
     all) targets+=("${ALL[@]}"); shift ;;
@@ -176,7 +179,7 @@ for ((i = 1; i <= runs; i++)); do
     if [ "${t%%:*}" = onceflow-broker ] && [ -n "$broker_bin" ]; then
       bin_env=("CARGO_BIN_EXE_onceflow-broker=$broker_bin")
     fi
-    if (cd "${pkg_dir[${t%%:*}]}" && env "${bin_env[@]}" "${bin[$t]}" --test-threads=1 "${extra[@]}") >"$log" 2>&1; then
+    if (cd "${pkg_dir[${t%%:*}]}" && env "${bin_env[@]}" "${bin[$t]}" --test-threads="$threads" "${extra[@]}") >"$log" 2>&1; then
       status=ok
       rm -f "$log"
     else
@@ -195,7 +198,7 @@ done
 total=0
 for t in "${targets[@]}"; do total=$((total + ${fails[$t]:-0})); done
 {
-  echo "flake-hunt: $runs runs each, load=$([ "$load" = 1 ] && echo 'parallel cargo build' || echo none), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
+  echo "flake-hunt: $runs runs each, load=$([ "$load" = 1 ] && echo 'parallel cargo build' || echo none), test threads=$threads, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
   printf '%-42s %5s %8s %8s %8s\n' "test binary" runs failures "mean s" "max s"
   for t in "${targets[@]}"; do
     f=${fails[$t]:-0}
