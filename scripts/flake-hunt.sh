@@ -213,4 +213,6 @@ for t in "${targets[@]}"; do total=$((total + ${fails[$t]:-0})); done
 [ "$total" -eq 0 ]
 }
 
-main "$@"
+# exit on the same line: bash reads a script as it goes, and would otherwise read on from
+# the old offset of a file edited during the hunt
+main "$@"; exit
