@@ -7,9 +7,11 @@
 #     mock        the mock cluster inside the perf tool (-X test.mock.num.brokers=1)
 #     memory      onceflow-broker --in-memory (keeps every record)
 #     memory-5m   onceflow-broker --in-memory with the mock's bound: 5 MiB per partition
-#                 (retention.bytes, 4 MiB segments, retention checked every 10 ms), so the
-#                 in-memory log reuses its memory as the mock does (the mock trims on every
-#                 append; a pass every 100 ms let ~130 MB pile up between passes at 1.3 GB/s)
+#                 (retention.bytes, 4 MiB segments), so the in-memory log reuses its memory as
+#                 the mock does (the mock trims on every append; the broker trims a partition
+#                 when a roll takes it past retention.bytes). For a BASE_BIN built before the
+#                 broker did that, set RETENTION_CHECK_MS=10 (a pass every 10 ms for both
+#                 builds; every 100 ms let ~130 MB pile up between passes at 1.3 GB/s).
 #     durable     onceflow-broker --data-dir D --fsync every-batch
 #     durable-1s  onceflow-broker --data-dir D --fsync interval-ms:1000: the same files, synced
 #                 once a second instead of before each answer (what an acknowledged batch then
@@ -34,8 +36,8 @@
 # Usage: scripts/perf-vs-mock.sh [-n REPEATS] [-s COUNT_100B] [-l COUNT_1KIB] [-f COUNT_FETCH]
 # Environment: LIBRDKAFKA_DIR (default /work/librdkafka: a built librdkafka tree with
 # src/librdkafka.so and examples/rdkafka_performance.c), BROKER_BIN (skip the cargo build),
-# BASE_BIN (a second broker build to compare, see above), RUN_TIMEOUT seconds per run
-# (default 120).
+# BASE_BIN (a second broker build to compare, see above), RETENTION_CHECK_MS (the memory-5m
+# rows' retention interval, see above), RUN_TIMEOUT seconds per run (default 120).
 set -euo pipefail
 
 REPEATS=3
@@ -107,8 +109,10 @@ start_broker() {
     case ${1#base-} in
     memory) args+=(--in-memory) ;;
     memory-5m)
-        args+=(--in-memory --segment-bytes 4194304 --log-retention-bytes 5242880
-            --log-retention-check-interval-ms 10)
+        args+=(--in-memory --segment-bytes 4194304 --log-retention-bytes 5242880)
+        if [[ -n ${RETENTION_CHECK_MS:-} ]]; then
+            args+=(--log-retention-check-interval-ms "$RETENTION_CHECK_MS")
+        fi
         ;;
     *)
         local fsync=every-batch

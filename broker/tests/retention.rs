@@ -1,7 +1,8 @@
 //! Retention over TCP with the real rdkafka client, in memory and durable: a small
 //! retention.bytes with small segments deletes old segments, the log start moves,
 //! ListOffsets(earliest) follows, and a consumer positioned below it is reset by
-//! `auto.offset.reset`; retention never passes an open transaction's first offset; configs
+//! `auto.offset.reset`; a roll past retention.bytes trims without waiting for the check
+//! interval; retention never passes an open transaction's first offset; configs
 //! and the log start survive a restart. Every wait polls a condition with a generous bound.
 
 use std::path::PathBuf;
@@ -25,10 +26,16 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 const PATIENCE: Duration = Duration::from_secs(60);
 
 fn broker(data_dir: Option<PathBuf>) -> Result<InProcessBroker> {
+    broker_checking_every(data_dir, Duration::from_millis(50))
+}
+
+/// A broker whose retention pass runs every `interval` (and whenever a roll takes a
+/// partition past `retention.bytes`).
+fn broker_checking_every(data_dir: Option<PathBuf>, interval: Duration) -> Result<InProcessBroker> {
     InProcessBroker::start(BrokerConfig {
         storage: StorageConfig {
             data_dir,
-            retention_check_interval: Some(Duration::from_millis(50)),
+            retention_check_interval: Some(interval),
             ..StorageConfig::default()
         },
         ..BrokerConfig::default()
@@ -135,7 +142,10 @@ fn consume_from_zero(bootstrap: &str, topic: &str, end: i64) -> Result<Vec<i64>>
 }
 
 fn retention_deletes_old_segments(data_dir: Option<PathBuf>) -> Result<()> {
-    let broker = broker(data_dir)?;
+    retention_deletes_old_segments_of(broker(data_dir)?)
+}
+
+fn retention_deletes_old_segments_of(broker: InProcessBroker) -> Result<()> {
     let bootstrap = broker.bootstrap();
     let topic = "retained";
     create_topic(
@@ -172,6 +182,20 @@ fn retention_bytes_deletes_old_segments_in_memory() -> Result<()> {
 fn retention_bytes_deletes_old_segments_durable() -> Result<()> {
     let dir = tempfile::tempdir()?;
     retention_deletes_old_segments(Some(dir.path().to_path_buf()))
+}
+
+/// The retention interval is an hour here, longer than the test can run: only the rolls past
+/// `retention.bytes` can start the passes that move the log start.
+#[test]
+fn a_roll_past_retention_bytes_trims_without_waiting_for_the_interval_in_memory() -> Result<()> {
+    retention_deletes_old_segments_of(broker_checking_every(None, Duration::from_secs(3600))?)
+}
+
+#[test]
+fn a_roll_past_retention_bytes_trims_without_waiting_for_the_interval_durable() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let broker = broker_checking_every(Some(dir.path().to_path_buf()), Duration::from_secs(3600))?;
+    retention_deletes_old_segments_of(broker)
 }
 
 fn transactional_producer(bootstrap: &str) -> Result<BaseProducer> {

@@ -16,6 +16,9 @@ pub const SEGMENTS_DELETED: &str = "onceflow_broker_log_segments_deleted_total";
 /// Counter: bytes of segments deleted by retention or DeleteRecords, labelled by topic and
 /// partition.
 pub const BYTES_DELETED: &str = "onceflow_broker_log_bytes_deleted_total";
+/// Counter: retention passes run because a segment roll took a partition past
+/// `retention.bytes`, between the passes of `log.retention.check.interval.ms`.
+pub const RETENTION_ROLL_PASSES: &str = "onceflow_broker_log_retention_roll_passes_total";
 /// Counter: torn or corrupt tails cut during recovery.
 pub const RECOVERY_TRUNCATIONS: &str = "onceflow_broker_log_recovery_truncations_total";
 
@@ -39,6 +42,10 @@ pub fn describe() {
     metrics::describe_counter!(
         BYTES_DELETED,
         "Bytes of log segments deleted by retention or DeleteRecords"
+    );
+    metrics::describe_counter!(
+        RETENTION_ROLL_PASSES,
+        "Retention passes started by a segment roll past retention.bytes"
     );
     metrics::describe_counter!(
         RECOVERY_TRUNCATIONS,

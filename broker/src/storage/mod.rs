@@ -30,7 +30,7 @@ pub mod txn_index;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use backend::{BackendFile, FileBackend, StorageBackend};
 pub use config::{FsyncPolicy, ParseFsyncPolicyError, StorageConfig};
@@ -43,7 +43,7 @@ pub use partition::{
 pub use topic_config_file::TopicConfigs;
 pub use txn_index::AbortedTxn;
 
-use partition::PartitionContext;
+use partition::{PartitionContext, RetentionDue};
 
 /// Most partitions a topic may have.
 pub const MAX_PARTITIONS: i32 = 100_000;
@@ -62,6 +62,9 @@ struct Inner {
     /// Appends only touch memory: the broker's own in-memory store (`Store::open` without a
     /// data directory), whose backend neither waits on a device nor has faults injected.
     appends_in_memory: bool,
+    /// Partitions a roll took past `retention.bytes`, for the retention thread (present when
+    /// the store runs one).
+    retention_due: Option<Arc<RetentionDue>>,
 }
 
 /// The broker's store of topics. Cheap to clone (an `Arc` inside).
@@ -119,6 +122,9 @@ impl Store {
         backend
             .create_dir_all(root)
             .map_err(|e| StorageError::io(root, e))?;
+        let retention_due = config
+            .retention_check_interval
+            .map(|_| Arc::new(RetentionDue::default()));
         let inner = Arc::new(Inner {
             config,
             root: root.to_path_buf(),
@@ -126,13 +132,17 @@ impl Store {
             topics: RwLock::new(BTreeMap::new()),
             configs: Mutex::new(TopicConfigs::new()),
             appends_in_memory,
+            retention_due,
         });
         inner.load_topics()?;
         if let FsyncPolicy::Interval(every) = inner.config.fsync {
             spawn_flusher(Arc::downgrade(&inner), every)?;
         }
-        if let Some(every) = inner.config.retention_check_interval {
-            spawn_retention(Arc::downgrade(&inner), every)?;
+        if let (Some(every), Some(due)) = (
+            inner.config.retention_check_interval,
+            inner.retention_due.clone(),
+        ) {
+            spawn_retention(Arc::downgrade(&inner), due, every)?;
         }
         if let Some(every) = inner.config.cleaner_interval {
             cleaner::spawn(Arc::downgrade(&inner), every)?;
@@ -355,6 +365,7 @@ impl Inner {
                 retention_bytes: self.config.retention_bytes,
                 ..LogConfig::with_segment_bytes(self.config.segment_bytes)
             },
+            retention_due: self.retention_due.clone(),
         }
     }
 
@@ -418,6 +429,21 @@ impl Inner {
             let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
             t.values().flatten().cloned().collect()
         };
+        self.enforce_retention_of(parts)
+    }
+
+    /// A retention pass over the partitions `due` names (those still in the store).
+    fn enforce_retention_due(&self, due: &[(String, i32)]) -> (usize, u64) {
+        let parts: Vec<Arc<Partition>> = {
+            let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
+            due.iter()
+                .filter_map(|(topic, i)| t.get(topic)?.get(usize::try_from(*i).ok()?).cloned())
+                .collect()
+        };
+        self.enforce_retention_of(parts)
+    }
+
+    fn enforce_retention_of(&self, parts: Vec<Arc<Partition>>) -> (usize, u64) {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -576,24 +602,29 @@ impl Inner {
     }
 }
 
-fn spawn_retention(inner: Weak<Inner>, every: Duration) -> Result<()> {
-    // Sleeps in short steps so the thread ends soon after the store is dropped.
+fn spawn_retention(inner: Weak<Inner>, due: Arc<RetentionDue>, every: Duration) -> Result<()> {
+    // Waits in short steps so the thread ends soon after the store is dropped.
     let step = every.min(Duration::from_millis(500));
     std::thread::Builder::new()
         .name("onceflow-log-retention".into())
         .spawn(move || {
-            let mut waited = Duration::ZERO;
+            let mut next_pass = Instant::now() + every;
             loop {
-                std::thread::sleep(step);
+                let wait = next_pass
+                    .saturating_duration_since(Instant::now())
+                    .min(step);
+                let marked = due.take(wait);
                 let Some(inner) = inner.upgrade() else {
                     break;
                 };
-                waited += step;
-                if waited < every {
-                    continue;
+                if Instant::now() >= next_pass {
+                    // the whole pass covers the marked partitions too
+                    inner.enforce_retention();
+                    next_pass = Instant::now() + every;
+                } else if !marked.is_empty() {
+                    ::metrics::counter!(metrics::RETENTION_ROLL_PASSES).increment(1);
+                    inner.enforce_retention_due(&marked);
                 }
-                waited = Duration::ZERO;
-                inner.enforce_retention();
             }
         })
         .map(|_| ())

@@ -23,6 +23,7 @@ use super::txn_index::{self, AbortedTxn, CONTROL_ABORT};
 
 mod read;
 mod retention;
+pub(crate) use retention::{over_retention_bytes, RetentionDue};
 pub use retention::{DeleteRecordsError, RetentionOutcome};
 
 /// Snapshots kept per partition (the newest ones).
@@ -102,6 +103,9 @@ pub(crate) struct PartitionContext {
     pub repair_corrupt_logs: bool,
     /// The settings a new partition starts with (its topic's configs).
     pub log_config: LogConfig,
+    /// Where a roll that takes the partition past `retention.bytes` hands it for trimming;
+    /// `None` when the store runs no retention thread.
+    pub retention_due: Option<Arc<RetentionDue>>,
 }
 
 /// A partition of a topic. Internally synchronized; share it as `Arc<Partition>`.
@@ -668,6 +672,11 @@ impl Partition {
             .map_err(|e| self.io_err(&self.dir, e))?;
         tracing::debug!(topic = %self.topic, partition = self.index, base_offset = log_end, "rolled segment");
         st.segments.push(seg);
+        if let Some(due) = &self.ctx.retention_due {
+            if over_retention_bytes(&self.log_config(), st) {
+                due.mark(&self.topic, self.index);
+            }
+        }
         if matches!(self.ctx.fsync, FsyncPolicy::Interval(_)) {
             // The flusher syncs the directory and writes the snapshot on its next pass. Here
             // their fsyncs would wait, holding the partition's lock, for the journal commit

@@ -266,3 +266,87 @@ fn only_the_brokers_own_in_memory_store_appends_in_place() {
     .unwrap();
     assert!(!on_disk.appends_in_memory());
 }
+
+#[test]
+fn a_roll_is_over_retention_bytes_exactly_when_a_pass_would_delete() {
+    let backend = Arc::new(MemBackend::new());
+    // About two 280-byte batches per segment; no retention thread: the test runs the passes.
+    let store = open(&backend, 600).expect("open");
+    let bound = configs(&[("retention.bytes", "1200")]);
+    store
+        .create_topic_with_configs("deleted", 1, bound.clone())
+        .expect("create");
+    let mut compacted = bound;
+    compacted.insert("cleanup.policy".into(), "compact".into());
+    store
+        .create_topic_with_configs("compacted", 1, compacted)
+        .expect("create");
+    for topic in ["deleted", "compacted"] {
+        let p = store.partition(topic, 0).expect("partition");
+        let mut seen_over = false;
+        for i in 0..20 {
+            p.append(plain(1_000 + i)).expect("append");
+            let over = partition::over_retention_bytes(&p.log_config(), &p.lock_state());
+            seen_over |= over;
+            let (segments, _) = store.enforce_retention();
+            assert_eq!(segments > 0, over, "{topic}, after append {i}");
+        }
+        assert_eq!(seen_over, topic == "deleted", "{topic}");
+    }
+}
+
+#[test]
+fn a_roll_past_retention_bytes_is_trimmed_before_the_interval() {
+    let backend = Arc::new(MemBackend::new());
+    let config = StorageConfig {
+        segment_bytes: 600,
+        fsync: FsyncPolicy::Never,
+        // longer than the test: only the rolls can start the passes awaited below
+        retention_check_interval: Some(std::time::Duration::from_secs(3600)),
+        ..StorageConfig::default()
+    };
+    let store = Store::open_with_backend(config, backend, Path::new(ROOT)).expect("open");
+    store
+        .create_topic_with_configs("t", 1, configs(&[("retention.bytes", "1200")]))
+        .expect("create");
+    let p = store.partition("t", 0).expect("partition");
+    for i in 0..20 {
+        p.append(plain(1_000 + i)).expect("append");
+    }
+    // Bound of the wait: only a missing pass reaches it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while partition::over_retention_bytes(&p.log_config(), &p.lock_state()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no pass trimmed the partition: log start {}",
+            p.log_start_offset()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let start = p.log_start_offset();
+    assert!(start > 0 && start < 20, "log start {start}");
+    assert!(!p.read(start, 1 << 20).expect("read").is_empty());
+    // What the roll's pass left is what a whole pass leaves.
+    assert_eq!(store.enforce_retention(), (0, 0));
+}
+
+#[test]
+fn a_partition_is_marked_due_once_until_taken() {
+    let due = partition::RetentionDue::default();
+    let none = std::time::Duration::from_millis(1);
+    assert!(due.take(none).is_empty());
+    due.mark("t", 0);
+    due.mark("t", 0);
+    due.mark("t", 1);
+    due.mark("u", 0);
+    let taken = due.take(none);
+    assert_eq!(
+        taken,
+        vec![
+            ("t".to_string(), 0),
+            ("t".to_string(), 1),
+            ("u".to_string(), 0)
+        ]
+    );
+    assert!(due.take(none).is_empty());
+}

@@ -13,8 +13,12 @@
 //! Recovery reads the checkpoint first and removes any segment still wholly below it, so an
 //! interrupted step 2 is finished at the next open; steps 3 are redone or ignored there.
 
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
 use super::{LogState, Partition};
 use crate::storage::error::StorageError;
+use crate::storage::log_config::LogConfig;
 use crate::storage::log_start::{self, LOG_START_FILE};
 use crate::storage::segment::{self, Segment};
 use crate::storage::txn_index::{self, TXN_INDEX_FILE};
@@ -28,6 +32,59 @@ pub struct RetentionOutcome {
     pub bytes_deleted: u64,
     /// The log start offset after the pass.
     pub log_start: i64,
+}
+
+/// Partitions whose segment roll took them past `retention.bytes`, for the store's retention
+/// thread to trim at once instead of at its next interval.
+///
+/// Kafka deletes segments only at `log.retention.check.interval.ms` (5 minutes by default),
+/// so between two passes a partition grows by whatever arrives meanwhile. For an in-memory
+/// log that growth is memory, not disk: at 1 GB/s even a 10 ms interval lets 10 MB more
+/// than the bound pile up between passes, and a shorter interval costs a wake-up per
+/// interval. A roll is the only moment a partition can newly have a closed segment to
+/// delete by size, so the roll hands the partition to the thread, which deletes off the
+/// append path (a file's unlink can take milliseconds).
+#[derive(Debug, Default)]
+pub(crate) struct RetentionDue {
+    due: Mutex<Vec<(String, i32)>>,
+    marked: Condvar,
+}
+
+impl RetentionDue {
+    /// Hands partition `index` of `topic` to the retention thread (once until it is taken).
+    pub(crate) fn mark(&self, topic: &str, index: i32) {
+        let mut due = self.due.lock().unwrap_or_else(|p| p.into_inner());
+        if !due.iter().any(|(t, i)| *i == index && t == topic) {
+            due.push((topic.to_string(), index));
+        }
+        drop(due);
+        self.marked.notify_one();
+    }
+
+    /// The partitions marked since the last call, waiting up to `timeout` for one if none is.
+    pub(crate) fn take(&self, timeout: Duration) -> Vec<(String, i32)> {
+        let due = self.due.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut due, _) = self
+            .marked
+            .wait_timeout_while(due, timeout, |d| d.is_empty())
+            .unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *due)
+    }
+}
+
+/// Whether a retention pass would delete the oldest segment by size: `cleanup.policy`
+/// contains `delete`, `retention.bytes` is set, the oldest segment is closed and the log
+/// without it still holds at least `retention.bytes` (the first step of
+/// [`Partition::enforce_retention`]'s rule).
+pub(crate) fn over_retention_bytes(config: &LogConfig, st: &LogState) -> bool {
+    let Some(limit) = config.retention_bytes else {
+        return false;
+    };
+    if !config.cleanup_policy.delete || st.segments.len() < 2 {
+        return false;
+    }
+    let rest: u64 = st.segments[1..].iter().map(Segment::size).sum();
+    i64::try_from(rest).unwrap_or(i64::MAX) >= limit
 }
 
 /// Why DeleteRecords could not move a partition's log start.
