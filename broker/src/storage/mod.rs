@@ -608,19 +608,20 @@ fn spawn_retention(inner: Weak<Inner>, due: Arc<RetentionDue>, every: Duration) 
     std::thread::Builder::new()
         .name("onceflow-log-retention".into())
         .spawn(move || {
-            let mut next_pass = Instant::now() + every;
+            // `None`: an interval longer than an `Instant` can reach, so no periodic pass
+            let mut next_pass = Instant::now().checked_add(every);
             loop {
-                let wait = next_pass
-                    .saturating_duration_since(Instant::now())
-                    .min(step);
+                let wait = next_pass.map_or(step, |at| {
+                    at.saturating_duration_since(Instant::now()).min(step)
+                });
                 let marked = due.take(wait);
                 let Some(inner) = inner.upgrade() else {
                     break;
                 };
-                if Instant::now() >= next_pass {
+                if next_pass.is_some_and(|at| Instant::now() >= at) {
                     // the whole pass covers the marked partitions too
                     inner.enforce_retention();
-                    next_pass = Instant::now() + every;
+                    next_pass = Instant::now().checked_add(every);
                 } else if !marked.is_empty() {
                     ::metrics::counter!(metrics::RETENTION_ROLL_PASSES).increment(1);
                     inner.enforce_retention_due(&marked);

@@ -41,9 +41,10 @@ pub struct RetentionOutcome {
 /// so between two passes a partition grows by whatever arrives meanwhile. For an in-memory
 /// log that growth is memory, not disk: at 1 GB/s even a 10 ms interval lets 10 MB more
 /// than the bound pile up between passes, and a shorter interval costs a wake-up per
-/// interval. A roll is the only moment a partition can newly have a closed segment to
-/// delete by size, so the roll hands the partition to the thread, which deletes off the
-/// append path (a file's unlink can take milliseconds).
+/// interval. So each roll that leaves a partition past the bound hands it to the thread,
+/// which deletes off the append path (a file's unlink can take milliseconds). Between two
+/// rolls only the active segment grows, so the partition stays within about
+/// `retention.bytes` plus a segment.
 #[derive(Debug, Default)]
 pub(crate) struct RetentionDue {
     due: Mutex<Vec<(String, i32)>>,
