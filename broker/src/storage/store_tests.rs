@@ -37,6 +37,19 @@ fn plain(timestamp: i64) -> Bytes {
     batch(BatchSpec::default(), timestamp)
 }
 
+/// Topic `t` with `retention.bytes` 1200 and 20 batches of about 280 bytes appended to its
+/// one partition.
+fn twenty_batches_bounded_at_1200_bytes(store: &Store) -> Arc<Partition> {
+    store
+        .create_topic_with_configs("t", 1, configs(&[("retention.bytes", "1200")]))
+        .expect("create");
+    let p = store.partition("t", 0).expect("partition");
+    for i in 0..20 {
+        p.append(plain(1_000 + i)).expect("append");
+    }
+    p
+}
+
 fn configs(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
@@ -113,13 +126,7 @@ fn retention_by_bytes_moves_the_log_start_and_survives_a_reopen() {
     let backend = Arc::new(MemBackend::new());
     // About two 280-byte batches per segment.
     let store = open(&backend, 600).expect("open");
-    store
-        .create_topic_with_configs("t", 1, configs(&[("retention.bytes", "1200")]))
-        .expect("create");
-    let p = store.partition("t", 0).expect("partition");
-    for i in 0..20 {
-        p.append(plain(1_000 + i)).expect("append");
-    }
+    let p = twenty_batches_bounded_at_1200_bytes(&store);
     let (segments, bytes) = store.enforce_retention();
     assert!(
         segments > 0 && bytes > 0,
@@ -317,13 +324,7 @@ fn roll_trims_with_interval(interval: std::time::Duration) {
         ..StorageConfig::default()
     };
     let store = Store::open_with_backend(config, backend, Path::new(ROOT)).expect("open");
-    store
-        .create_topic_with_configs("t", 1, configs(&[("retention.bytes", "1200")]))
-        .expect("create");
-    let p = store.partition("t", 0).expect("partition");
-    for i in 0..20 {
-        p.append(plain(1_000 + i)).expect("append");
-    }
+    let p = twenty_batches_bounded_at_1200_bytes(&store);
     // Between two rolls only the active segment grows, so what each roll's pass guarantees
     // is about the closed segments: those after the oldest hold less than retention.bytes
     // (the active segment may have grown past the rule since; the next roll trims that).
