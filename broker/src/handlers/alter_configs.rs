@@ -34,31 +34,17 @@ pub async fn handle(
     let mut responses = Vec::with_capacity(req.resources.len());
     for resource in req.resources {
         let name = resource.resource_name.to_string();
-        let outcome = if !seen.insert((resource.resource_type, name.clone())) {
-            Err((
-                ResponseError::InvalidRequest,
-                format!("resource {name:?} listed twice in one request"),
-            ))
-        } else {
-            let access = check_config_access(
-                state,
-                ctx,
-                resource.resource_type,
-                &name,
-                AclOperation::AlterConfigs,
-            );
-            match access.and_then(|()| check_resource(state, resource.resource_type, &name)) {
-                Err(refusal) => Err(refusal),
-                Ok(()) => {
-                    let entries: Vec<(String, Option<String>)> = resource
-                        .configs
-                        .iter()
-                        .map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string())))
-                        .collect();
-                    match replacement(&entries) {
-                        Ok(configs) => apply_topic(state, &name, configs, req.validate_only).await,
-                        Err(refusal) => Err(refusal),
-                    }
+        let outcome = match admit(state, ctx, &mut seen, resource.resource_type, &name) {
+            Err(refusal) => Err(refusal),
+            Ok(()) => {
+                let entries: Vec<(String, Option<String>)> = resource
+                    .configs
+                    .iter()
+                    .map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string())))
+                    .collect();
+                match replacement(&entries) {
+                    Ok(configs) => apply_topic(state, &name, configs, req.validate_only).await,
+                    Err(refusal) => Err(refusal),
                 }
             }
         };
@@ -76,6 +62,26 @@ pub async fn handle(
         });
     }
     AlterConfigsResponse::default().with_responses(responses)
+}
+
+/// The checks every resource of an AlterConfigs or IncrementalAlterConfigs request passes
+/// before its configs are looked at: listed once in the request (`seen` holds those before
+/// it), the principal allowed to alter it, and an existing topic.
+pub(super) fn admit(
+    state: &BrokerState,
+    ctx: &RequestContext,
+    seen: &mut HashSet<(i8, String)>,
+    resource_type: i8,
+    name: &str,
+) -> Result<(), Refusal> {
+    if !seen.insert((resource_type, name.to_string())) {
+        return Err((
+            ResponseError::InvalidRequest,
+            format!("resource {name:?} listed twice in one request"),
+        ));
+    }
+    check_config_access(state, ctx, resource_type, name, AclOperation::AlterConfigs)?;
+    check_resource(state, resource_type, name)
 }
 
 /// The new config set of an AlterConfigs resource, each entry validated.

@@ -12,9 +12,8 @@ use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsRe
 use kafka_protocol::messages::{IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse};
 use kafka_protocol::protocol::StrBytes;
 
-use super::alter_configs::{apply_topic, check_config_access, check_resource, refused, Refusal};
+use super::alter_configs::{admit, apply_topic, refused, Refusal};
 use super::{topic_configs, RequestContext};
-use crate::security::AclOperation;
 use crate::state::BrokerState;
 
 const OP_SET: i8 = 0;
@@ -32,37 +31,23 @@ pub async fn handle(
     let mut responses = Vec::with_capacity(req.resources.len());
     for resource in req.resources {
         let name = resource.resource_name.to_string();
-        let outcome = if !seen.insert((resource.resource_type, name.clone())) {
-            Err((
-                ResponseError::InvalidRequest,
-                format!("resource {name:?} listed twice in one request"),
-            ))
-        } else {
-            let access = check_config_access(
-                state,
-                ctx,
-                resource.resource_type,
-                &name,
-                AclOperation::AlterConfigs,
-            );
-            match access.and_then(|()| check_resource(state, resource.resource_type, &name)) {
-                Err(refusal) => Err(refusal),
-                Ok(()) => {
-                    let current = state.store.topic_configs(&name).unwrap_or_default();
-                    let default_policy = state.store.default_log_config().cleanup_policy;
-                    let ops: Vec<Op> = resource
-                        .configs
-                        .iter()
-                        .map(|c| Op {
-                            name: c.name.to_string(),
-                            operation: c.config_operation,
-                            value: c.value.as_ref().map(|v| v.to_string()),
-                        })
-                        .collect();
-                    match apply_ops(current, &ops, &default_policy.to_string()) {
-                        Ok(configs) => apply_topic(state, &name, configs, req.validate_only).await,
-                        Err(refusal) => Err(refusal),
-                    }
+        let outcome = match admit(state, ctx, &mut seen, resource.resource_type, &name) {
+            Err(refusal) => Err(refusal),
+            Ok(()) => {
+                let current = state.store.topic_configs(&name).unwrap_or_default();
+                let default_policy = state.store.default_log_config().cleanup_policy;
+                let ops: Vec<Op> = resource
+                    .configs
+                    .iter()
+                    .map(|c| Op {
+                        name: c.name.to_string(),
+                        operation: c.config_operation,
+                        value: c.value.as_ref().map(|v| v.to_string()),
+                    })
+                    .collect();
+                match apply_ops(current, &ops, &default_policy.to_string()) {
+                    Ok(configs) => apply_topic(state, &name, configs, req.validate_only).await,
+                    Err(refusal) => Err(refusal),
                 }
             }
         };
