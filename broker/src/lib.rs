@@ -24,6 +24,7 @@
 //! # }
 //! ```
 
+pub mod allocator;
 pub mod bufpool;
 pub mod codec;
 pub mod config;

@@ -168,6 +168,8 @@ fn scram_credential(user: &str, mechanism: &str, iterations: u32) -> std::proces
 
 fn main() -> std::process::ExitCode {
     use std::io::IsTerminal;
+    // before any thread starts: large fetch buffers stay in the heap and are reused
+    let allocator_tuned = onceflow_broker::allocator::tune();
     // colour only on a terminal: a log file or a pipe gets plain text
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -177,6 +179,7 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    tracing::debug!(allocator_tuned, "C allocator thresholds");
     let args = Args::parse();
     if let Some(Command::ScramCredential {
         user,
