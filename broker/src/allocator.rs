@@ -18,7 +18,7 @@
 pub const MMAP_THRESHOLD: usize = 32 * 1024 * 1024;
 
 /// Free memory the allocator keeps mapped at the top of a heap before it returns any to the
-/// kernel. Measured on a fetch-heavy run: 16 MiB saved about a third of what 64 MiB saves
+/// kernel. Measured on a fetch-heavy run: 16 MiB saved about half of what 64 MiB saves
 /// against glibc's defaults; 64 MiB and 256 MiB ran alike.
 pub const TRIM_THRESHOLD: usize = 64 * 1024 * 1024;
 
