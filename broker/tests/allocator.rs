@@ -1,6 +1,8 @@
 //! The broker binary's C allocator settings (`onceflow_broker::allocator::tune`): buffers of
 //! the size a fetch answer is built from, freed together, are used again without the kernel
 //! mapping their pages anew. Alone in its test binary because the settings are process-wide.
+//! glibc on Linux only: elsewhere there is nothing to tune, and no /proc/thread-self.
+#![cfg(all(target_os = "linux", target_env = "gnu"))]
 
 /// Page faults this thread has taken (minflt of /proc/thread-self/stat).
 fn minor_faults() -> u64 {
@@ -24,7 +26,6 @@ fn one_answer() -> u64 {
     minor_faults() - before
 }
 
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[test]
 fn buffers_freed_together_are_reused_without_new_page_faults() {
     assert!(

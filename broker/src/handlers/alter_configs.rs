@@ -4,7 +4,7 @@
 //! changing anything. Applied changes are persisted and reach the partitions at once.
 //! BROKER resources are read-only here (set by command-line flags): INVALID_REQUEST.
 //!
-//! [`apply_topic`] and [`check_resource`] are shared with IncrementalAlterConfigs.
+//! `admit` and `apply_topic` are shared with IncrementalAlterConfigs.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -128,11 +128,7 @@ pub(super) fn check_config_access(
     }
 }
 
-pub(super) fn check_resource(
-    state: &BrokerState,
-    resource_type: i8,
-    name: &str,
-) -> Result<(), Refusal> {
+fn check_resource(state: &BrokerState, resource_type: i8, name: &str) -> Result<(), Refusal> {
     match resource_type {
         RESOURCE_TOPIC if state.partition_count(name).is_some() => Ok(()),
         RESOURCE_TOPIC => Err((
