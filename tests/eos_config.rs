@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use onceflow_testkit::bins::*;
-use onceflow_testkit::broker_process::BrokerProcess;
 use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
+use onceflow_testkit::test_broker::TestBroker;
 
 /// Runs the job with `interval_ms` / `timeout_ms` against a fresh broker started with
 /// `broker_flags`; returns the process after it exited (or after `job started`).
@@ -21,7 +21,7 @@ fn run(
     broker_flags: &[&str],
     interval_ms: u64,
     timeout_ms: u64,
-) -> (Proc, BrokerProcess, ScenarioDir) {
+) -> (Proc, TestBroker, ScenarioDir) {
     let dir = scenario_dir(test);
     bins();
     let broker = scenario_broker(dir.path(), broker_flags);

@@ -244,28 +244,26 @@ fn kill_run(test: &str, mode: &str) -> KillRun {
     run
 }
 
-#[test]
-fn two_phase_commit_survives_random_sigkills_exactly_once() {
-    let run = kill_run("eos_kill9_2pc", "two-phase-commit");
+/// A kill -9 run of an exactly-once `mode`: at least 10 kills, and the output exact.
+pub(crate) fn exact_kill_run(test: &str, mode: &str) {
+    let run = kill_run(test, mode);
     assert!(run.kills >= 10 || env_u64("ONCEFLOW_EOS_KILLS", 10) < 10);
     assert!(
         run.report.is_exact(),
-        "two-phase-commit output is not exactly-once after {} SIGKILLs:\n{}",
+        "{mode} output is not exactly-once after {} SIGKILLs:\n{}",
         run.kills,
         run.report
     );
 }
 
 #[test]
+fn two_phase_commit_survives_random_sigkills_exactly_once() {
+    exact_kill_run("eos_kill9_2pc", "two-phase-commit");
+}
+
+#[test]
 fn transactional_offsets_survive_random_sigkills_exactly_once() {
-    let run = kill_run("eos_kill9_txn_offsets", "transactional-offsets");
-    assert!(run.kills >= 10 || env_u64("ONCEFLOW_EOS_KILLS", 10) < 10);
-    assert!(
-        run.report.is_exact(),
-        "transactional-offsets output is not exactly-once after {} SIGKILLs:\n{}",
-        run.kills,
-        run.report
-    );
+    exact_kill_run("eos_kill9_txn_offsets", "transactional-offsets");
 }
 
 /// The control run: at-least-once must lose nothing but show duplicates after the same

@@ -197,7 +197,7 @@ fn owns_all(line: &str) -> bool {
 struct TwoInstances {
     dir: onceflow_testkit::eos::ScenarioDir,
     base: JobArgs,
-    broker: onceflow_testkit::broker_process::BrokerProcess,
+    broker: onceflow_testkit::test_broker::TestBroker,
     data: Dataset,
     bootstrap: String,
     producer: std::thread::JoinHandle<()>,

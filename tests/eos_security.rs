@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use onceflow_testkit::bins::bins;
-use onceflow_testkit::broker_process::BrokerProcess;
 use onceflow_testkit::checkpoints::highest_checkpoint_id;
 use onceflow_testkit::clients::{create_topics, read_topic};
 use onceflow_testkit::eos::*;
 use onceflow_testkit::security::TestPki;
+use onceflow_testkit::test_broker::TestBroker;
 
 const USER: &str = "alice";
 const REGISTRY_TOPIC: &str = "onceflow-prefix-registry";
@@ -85,7 +85,7 @@ fn acl(principal: &str, operation: &str, resource_type: &str, name: &str, patter
 
 /// A secured broker for `args` with the given ACL lines; returns it with the SASL_SSL
 /// address, and writes the job's client properties file (returned as the third value).
-fn secured_broker(dir: &Path, acls: &[String]) -> (BrokerProcess, String, PathBuf) {
+fn secured_broker(dir: &Path, acls: &[String]) -> (TestBroker, String, PathBuf) {
     bins();
     let (ca, cert, key) = certificates(dir);
     let users = dir.join("users.txt");
@@ -112,6 +112,8 @@ fn secured_broker(dir: &Path, acls: &[String]) -> (BrokerProcess, String, PathBu
         ],
     );
     let secured = broker
+        .bundled()
+        .expect("a bundled broker")
         .listener_addr("SASL_SSL")
         .expect("the broker reports its SASL_SSL listener")
         .to_string();

@@ -17,12 +17,12 @@ use std::time::Duration;
 use rdkafka::consumer::Consumer;
 
 use onceflow_testkit::bins::*;
-use onceflow_testkit::broker_process::BrokerProcess;
 use onceflow_testkit::checkpoints::{latest_complete, try_source_positions};
 use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
 use onceflow_testkit::jobs::*;
+use onceflow_testkit::test_broker::TestBroker;
 
 const USERS: u64 = 20;
 const EVENTS: u64 = 6_000;
@@ -200,13 +200,7 @@ fn job_args(
 
 /// The machine to itself, the scenario's directory, a broker on it and the test's topics
 /// (input `clicks`, output `click-counts` and its late side output).
-fn scenario(
-    test: &str,
-) -> (
-    std::sync::MutexGuard<'static, ()>,
-    ScenarioDir,
-    BrokerProcess,
-) {
+fn scenario(test: &str) -> (std::sync::MutexGuard<'static, ()>, ScenarioDir, TestBroker) {
     let machine = exclusive();
     let dir = scenario_dir(test);
     bins();

@@ -8,6 +8,10 @@
 //!   line, SIGKILL / SIGTERM / SIGINT / SIGSTOP; external commands bounded in time.
 //! - [`broker_process`]: the `onceflow-broker` binary as a child process (port 0, the
 //!   `listening on` line, kill -9, SIGTERM, restart on the same data dir and port, its log).
+//! - [`apache_kafka`]: Apache Kafka 4.4 as a child process (one KRaft node through
+//!   `scripts/apache-kafka.sh`), kill -9, restart on the same ports, Kafka's command-line tools.
+//! - [`test_broker`]: the broker under test, bundled or Apache Kafka
+//!   (`ONCEFLOW_TEST_BROKER`), behind one type that the end-to-end tests use.
 //! - [`inproc`]: the broker in-process, on the test's runtime or on a private one.
 //! - [`raw`]: a raw Kafka-protocol client over a blocking socket (kafka-protocol crate).
 //! - [`records`]: deterministic test records, an idempotent producer that records every
@@ -24,6 +28,7 @@
 //!
 //! Every wait is bounded against a stuck process; none decides a verdict by timing.
 
+pub mod apache_kafka;
 pub mod bins;
 pub mod broker_process;
 pub mod checkpoints;
@@ -37,3 +42,4 @@ pub mod python;
 pub mod raw;
 pub mod records;
 pub mod security;
+pub mod test_broker;

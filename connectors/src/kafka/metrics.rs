@@ -39,3 +39,6 @@ pub const SEALS_REFUSED: &str = "onceflow_kafka_seals_refused_total";
 pub const PERMISSION_CHECKS: &str = "onceflow_kafka_permission_checks_total";
 /// Gauge: permissions the last start-up check found missing.
 pub const PERMISSIONS_MISSING: &str = "onceflow_kafka_permissions_missing";
+/// Counter: coordinator calls retried after a retriable error (coordinator loading, moved or
+/// unavailable, a concurrent transaction, a timeout or a dropped connection), label `call`.
+pub const COORDINATOR_RETRIES: &str = "onceflow_kafka_coordinator_retries_total";

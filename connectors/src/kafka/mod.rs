@@ -9,6 +9,7 @@ pub mod job;
 pub mod json;
 pub mod metrics;
 pub mod registry;
+pub mod retry;
 pub mod scale;
 pub mod security;
 pub mod sink;
@@ -53,6 +54,10 @@ pub enum KafkaError {
     /// them: nothing of it became visible, a restart replays its input (no loss, no retry).
     #[error("transaction aborted: {0}")]
     Aborted(String),
+    /// A coordinator (group or transaction) kept answering a retriable error, or the cluster
+    /// stayed unreachable, for longer than the retry budget ([`retry::COORDINATOR_BUDGET`]).
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
     /// The producer was fenced by another instance using the same transactional id.
     #[error("fenced: {0}")]
     Fenced(String),

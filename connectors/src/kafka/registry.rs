@@ -82,9 +82,12 @@ impl PrefixClaim {
         // librdkafka's group listing waits for the client's first metadata, which a new
         // client fetches only on its one-second timer; asking for metadata connects now
         let _ = consumer.fetch_metadata(Some(REGISTRY_TOPIC), CALL_TIMEOUT);
-        let groups = consumer
-            .fetch_group_list(Some(&group), CALL_TIMEOUT)
-            .map_err(|e| KafkaError::client(format!("describing group {group}"), e))?;
+        let groups = crate::kafka::retry::blocking(
+            &format!("describing group {group}"),
+            &format!("group coordinator of {group}"),
+            crate::kafka::retry::COORDINATOR_BUDGET,
+            || consumer.fetch_group_list(Some(&group), CALL_TIMEOUT),
+        )?;
         for g in groups.groups().iter().filter(|g| g.name() == group) {
             for m in g.members() {
                 let id = m.client_id();

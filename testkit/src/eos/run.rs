@@ -11,10 +11,10 @@ use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::Message;
 
 use crate::bins::bins;
-use crate::broker_process::{BrokerProcess, Storage};
 use crate::child::Proc;
 use crate::clients::{assign, consumer_with, create_topics, read_topic};
 use crate::eos::{check, parse_output, Dataset, Report, PARTITIONS};
+use crate::test_broker::TestBroker;
 
 /// Tails the output and DLQ topics with a read_committed consumer, counting the distinct ids
 /// and malformed markers seen so far.
@@ -200,24 +200,18 @@ pub fn check_output(bootstrap: &str, args: &JobArgs, data: &Dataset) -> Report {
     check(data, &output, &dlq)
 }
 
-/// Starts the broker of a scenario on port 0: a durable data dir `dir/broker-data`, 4
-/// partitions per auto-created topic, `extra` flags, `RUST_LOG` from
-/// `ONCEFLOW_EOS_BROKER_LOG` (default `warn`), stderr in `dir/broker.stderr.log`. Restart it
-/// with [`BrokerProcess::restart_same_port`] so that clients keep their bootstrap address.
-pub fn scenario_broker(dir: &Path, extra: &[&str]) -> BrokerProcess {
-    let data_dir = dir.join("broker-data");
-    std::fs::create_dir_all(&data_dir).expect("broker data dir");
-    BrokerProcess::builder(Storage::durable(data_dir))
-        .args(&["--default-partitions", "4"])
-        .args(extra)
-        .rust_log(&std::env::var("ONCEFLOW_EOS_BROKER_LOG").unwrap_or_else(|_| "warn".into()))
-        .log_file(dir.join("broker.stderr.log"))
-        .spawn()
-        .expect("broker starts")
+/// Starts the broker of a scenario ([`TestBroker::start`]: the bundled broker or Apache Kafka,
+/// per `ONCEFLOW_TEST_BROKER`): a durable data dir in `dir`, 4 partitions per auto-created
+/// topic, `extra` flags of the bundled broker; the bundled broker's `RUST_LOG` comes from
+/// `ONCEFLOW_EOS_BROKER_LOG` (default `warn`), its stderr goes to `dir/broker.stderr.log`.
+/// Restart it with [`TestBroker::restart_same_port`] so that clients keep their bootstrap
+/// address.
+pub fn scenario_broker(dir: &Path, extra: &[&str]) -> TestBroker {
+    TestBroker::start(dir, extra)
 }
 
 /// Kills the broker of a scenario with kill -9; panics if it had exited by itself.
-pub fn kill9_broker(broker: &mut BrokerProcess) {
+pub fn kill9_broker(broker: &mut TestBroker) {
     let was_running = broker.kill9().expect("kill -9 the broker");
     assert!(
         was_running,
@@ -227,7 +221,7 @@ pub fn kill9_broker(broker: &mut BrokerProcess) {
 }
 
 /// Prepares a scenario: broker child, topics, and the dataset of `n` records.
-pub fn setup(dir: &Path, args: &JobArgs, n: u64, seed: u64) -> (BrokerProcess, Dataset) {
+pub fn setup(dir: &Path, args: &JobArgs, n: u64, seed: u64) -> (TestBroker, Dataset) {
     bins();
     let broker = scenario_broker(dir, &[]);
     create_topics(

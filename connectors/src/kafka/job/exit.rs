@@ -19,6 +19,10 @@ pub mod exit_code {
     /// Any other failure (broker unreachable, disk, a bug): restarting may succeed; the job
     /// restores its last complete checkpoint.
     pub const FAILED: i32 = 4;
+    /// A coordinator of the cluster stayed unavailable (loading, moved, unreachable) for
+    /// longer than the retry budget of 120 s (`cluster unavailable: ...`); restarting once
+    /// the cluster is back succeeds. See docs/JOBS.md, "When the cluster is away".
+    pub const UNAVAILABLE: i32 = 5;
     /// A second Ctrl-C: the process exited at once, without a final checkpoint.
     pub const INTERRUPTED: i32 = 130;
 }
@@ -28,6 +32,7 @@ impl KafkaError {
     pub fn exit_code(&self) -> i32 {
         match self {
             KafkaError::Config(_) => exit_code::CONFIG,
+            KafkaError::Unavailable(_) => exit_code::UNAVAILABLE,
             KafkaError::Fenced(_) => exit_code::FENCED,
             KafkaError::DataLoss(_) => exit_code::DATA_LOSS,
             KafkaError::Runtime(onceflow_runtime::Error::InvalidJob(_)) => exit_code::CONFIG,
@@ -37,6 +42,8 @@ impl KafkaError {
                 let text = e.to_string();
                 if text.contains("DATA LOSS") {
                     exit_code::DATA_LOSS
+                } else if text.contains("cluster unavailable: ") {
+                    exit_code::UNAVAILABLE
                 } else if matches!(e, onceflow_runtime::Error::Fatal(_)) && text.contains("fenced")
                 {
                     exit_code::FENCED

@@ -232,9 +232,12 @@ pub fn wait_until_instance_is_free(
     let t0 = Instant::now();
     let mut said = false;
     loop {
-        let groups = consumer
-            .fetch_group_list(Some(&config.group), Duration::from_secs(10))
-            .map_err(|e| KafkaError::client(format!("describing group {}", config.group), e))?;
+        let groups = crate::kafka::retry::blocking(
+            &format!("describing group {}", config.group),
+            &format!("group coordinator of {}", config.group),
+            crate::kafka::retry::COORDINATOR_BUDGET,
+            || consumer.fetch_group_list(Some(&config.group), Duration::from_secs(10)),
+        )?;
         let holder = groups
             .groups()
             .iter()

@@ -250,16 +250,19 @@ pub async fn check(
 
     let mut acls = None;
     let mut acl_refused = None;
-    if let (Some(p), Some(&(min, max))) = (&principal, versions.get(&(ApiKey::DescribeAcls as i16)))
-    {
+    // DescribeAcls is asked whatever the principal: its SECURITY_DISABLED answer is how a
+    // broker without an authorizer (a PLAINTEXT development cluster) says every permission
+    // is granted; only the ACLs it returns need a known principal to be evaluated
+    if let Some(&(min, max)) = versions.get(&(ApiKey::DescribeAcls as i16)) {
         if min <= 1 && max >= 1 {
             match describe_acls(&mut c).await? {
                 // no binding at all: an authorizer without ACLs refuses everyone but super
                 // users, a broker without one allows everything; only probes tell which
                 Ok(a) if a.is_empty() => acl_refused = Some(codes::NONE),
-                Ok(a) => acls = Some(a),
+                Ok(a) if principal.is_some() => acls = Some(a),
+                Ok(_) => {}
                 Err(codes::SECURITY_DISABLED) => {
-                    tracing::info!(principal = %p, "start-up permission check: the broker has no authorizer; every permission is granted");
+                    tracing::info!(principal = %principal.as_deref().unwrap_or(unknown_principal(&security)), "start-up permission check: the broker has no authorizer; every permission is granted");
                     return Ok(Some(passed(Method::NoAuthorizer, Vec::new())));
                 }
                 Err(code) => acl_refused = Some(code),
@@ -320,7 +323,10 @@ pub async fn check(
         None => {
             method = Method::Probes;
             let why = match (&principal, acl_refused) {
-                (None, _) => "the principal is not known (TLS client certificate)".to_string(),
+                (None, _) => format!(
+                    "ACLs cannot be matched to the principal: it is {}",
+                    unknown_principal(&security)
+                ),
                 (Some(_), Some(codes::CLUSTER_AUTHORIZATION_FAILED)) => {
                     "DescribeAcls needs Describe on the Cluster".to_string()
                 }
@@ -367,6 +373,49 @@ fn passed(method: Method, unverified: Vec<(Need, String)>) -> Passed {
     metrics::counter!(m::PERMISSION_CHECKS, "outcome" => "passed", "method" => method.label())
         .increment(1);
     Passed { method, unverified }
+}
+
+/// Who the broker sees when the properties name no SASL user.
+fn unknown_principal(security: &ClientSecurity) -> &'static str {
+    if security.uses_tls() {
+        "the subject of the TLS client certificate, as the broker maps it"
+    } else {
+        "User:ANONYMOUS (PLAINTEXT without SASL)"
+    }
+}
+
+/// How long a probe waits for a coordinator that is loading, moving or not available yet
+/// (right after a broker restart) before it reports the permission as not verified.
+const COORDINATOR_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// FindCoordinator for `key` (`key_type` 0: group, 1: transactional id), asked again while
+/// the answer is a retriable coordinator error, for up to [`COORDINATOR_PATIENCE`].
+async fn find_coordinator(
+    c: &mut RawClient,
+    key: &str,
+    key_type: i8,
+) -> Result<kafka_protocol::messages::FindCoordinatorResponse> {
+    let mut backoff = crate::kafka::retry::Backoff::new(COORDINATOR_PATIENCE);
+    loop {
+        let fc = c
+            .request(
+                &FindCoordinatorRequest::default()
+                    .with_key(StrBytes::from_string(key.to_string()))
+                    .with_key_type(key_type),
+                1,
+            )
+            .await?;
+        if !crate::kafka::retry::retriable_code(fc.error_code) {
+            return Ok(fc);
+        }
+        match backoff.next_pause() {
+            Some(pause) => {
+                tracing::info!(key, error = %crate::kafka::retry::describe_code(fc.error_code), "start-up permission check: waiting for the coordinator");
+                tokio::time::sleep(pause).await;
+            }
+            None => return Ok(fc),
+        }
+    }
 }
 
 /// ApiVersions: key -> (min, max).
@@ -505,20 +554,18 @@ async fn probe(
                 let code = match txn_describe.get(a.name.as_str()) {
                     Some(c) => *c,
                     None => {
-                        let fc = c
-                            .request(
-                                &FindCoordinatorRequest::default()
-                                    .with_key(StrBytes::from_string(a.name.clone()))
-                                    .with_key_type(1),
-                                1,
-                            )
-                            .await?;
+                        let fc = find_coordinator(c, &a.name, 1).await?;
                         txn_describe.insert(&a.name, fc.error_code);
                         fc.error_code
                     }
                 };
                 if code == codes::TRANSACTIONAL_ID_AUTHORIZATION_FAILED {
                     Probe::Refused("FindCoordinator answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED (not even Describe)".into())
+                } else if code != codes::NONE {
+                    Probe::Unknown(format!(
+                        "FindCoordinator answered {} (waited {COORDINATOR_PATIENCE:?})",
+                        crate::kafka::retry::describe_code(code)
+                    ))
                 } else {
                     Probe::Unknown("Describe is allowed (FindCoordinator), Write cannot be verified without DescribeAcls".into())
                 }
@@ -626,14 +673,7 @@ async fn group_operations(
     versions: &HashMap<i16, (i16, i16)>,
     group: &str,
 ) -> Result<Probe> {
-    let fc = c
-        .request(
-            &FindCoordinatorRequest::default()
-                .with_key(StrBytes::from_string(group.to_string()))
-                .with_key_type(0),
-            1,
-        )
-        .await?;
+    let fc = find_coordinator(c, group, 0).await?;
     match fc.error_code {
         codes::NONE => {}
         codes::GROUP_AUTHORIZATION_FAILED => {
@@ -643,7 +683,8 @@ async fn group_operations(
         }
         code => {
             return Ok(Probe::Unknown(format!(
-                "FindCoordinator answered error code {code}"
+                "FindCoordinator answered {} (waited {COORDINATOR_PATIENCE:?})",
+                crate::kafka::retry::describe_code(code)
             )))
         }
     }
@@ -654,16 +695,29 @@ async fn group_operations(
     };
     let addr = format!("{}:{}", fc.host.as_str(), fc.port);
     let mut coord = RawClient::connect(&addr, security).await?;
-    let r = coord
-        .request(
-            &DescribeGroupsRequest::default()
-                .with_groups(vec![GroupId(StrBytes::from_string(group.to_string()))])
-                .with_include_authorized_operations(true),
-            v,
-        )
-        .await?;
-    let Some(g) = r.groups.first() else {
-        return Ok(Probe::Unknown("DescribeGroups answered no group".into()));
+    let mut backoff = crate::kafka::retry::Backoff::new(COORDINATOR_PATIENCE);
+    let g = loop {
+        let r = coord
+            .request(
+                &DescribeGroupsRequest::default()
+                    .with_groups(vec![GroupId(StrBytes::from_string(group.to_string()))])
+                    .with_include_authorized_operations(true),
+                v,
+            )
+            .await?;
+        let Some(g) = r.groups.into_iter().next() else {
+            return Ok(Probe::Unknown("DescribeGroups answered no group".into()));
+        };
+        if !crate::kafka::retry::retriable_code(g.error_code) {
+            break g;
+        }
+        match backoff.next_pause() {
+            Some(pause) => {
+                tracing::info!(group, error = %crate::kafka::retry::describe_code(g.error_code), "start-up permission check: waiting for the group coordinator");
+                tokio::time::sleep(pause).await;
+            }
+            None => break g,
+        }
     };
     Ok(match g.error_code {
         codes::NONE => bits_or_unknown(g.authorized_operations, "groups"),
@@ -673,7 +727,10 @@ async fn group_operations(
         codes::UNSUPPORTED_VERSION => {
             Probe::Unknown("DescribeGroups answered UNSUPPORTED_VERSION".into())
         }
-        code => Probe::Unknown(format!("DescribeGroups answered error code {code}")),
+        code => Probe::Unknown(format!(
+            "DescribeGroups answered {}",
+            crate::kafka::retry::describe_code(code)
+        )),
     })
 }
 

@@ -181,6 +181,11 @@ impl ClientSecurity {
         Ok((use_tls, sasl))
     }
 
+    /// True if the connection speaks TLS (`ssl` or `sasl_ssl`).
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// The principal the broker will see, when the properties name it: `User:<sasl.username>`.
     /// `None` for TLS client certificates (the broker maps the certificate's subject) and
     /// for PLAINTEXT (`User:ANONYMOUS`, but anonymous access is rarely what ACLs name).

@@ -13,7 +13,7 @@ use rdkafka::{ClientConfig, ClientContext};
 use serde::Deserialize;
 
 use super::super::config::KafkaSinkConfig;
-use super::super::{KafkaError, Result};
+use super::super::{retry, KafkaError, Result};
 use super::SinkRecord;
 
 /// State the producer's callbacks fill in.
@@ -120,8 +120,7 @@ pub fn init_transactional(
         learn_ids: false,
     };
     let (p, ctx) = create(cfg, kind)?;
-    init_transactions(&p, &cfg.default_topic, timeout)
-        .map_err(|e| KafkaError::client(format!("init_transactions {id}"), e))?;
+    init_transactions(&p, id, &cfg.default_topic, timeout)?;
     Ok((p, ctx))
 }
 
@@ -304,22 +303,33 @@ pub fn take_delivery_error(ctx: &Ctx) -> Option<String> {
 /// connection answers) 25 did (mean 432 ms); after the ListOffsets none did (mean 8 ms).
 /// Every transactional producer a job starts (the seal, the ring, the fencing at recovery,
 /// the instance producer) is a fresh one.
-pub fn init_transactions(
-    p: &Prod,
-    topic: &str,
-    timeout: Duration,
-) -> std::result::Result<(), RdError> {
+///
+/// A coordinator that is loading, moved, unreachable or still completing the id's previous
+/// transaction (CONCURRENT_TRANSACTIONS, right after a broker restart) is retried within
+/// [`retry::COORDINATOR_BUDGET`], as Kafka's own producer does; no transaction is open yet.
+pub fn init_transactions(p: &Prod, id: &str, topic: &str, timeout: Duration) -> Result<()> {
     // an error here (say, the topic does not exist yet) only costs the wait it would save
     let _ = p
         .client()
         .fetch_watermarks(topic, 0, timeout.min(Duration::from_secs(5)));
-    p.init_transactions(timeout)
+    retry::blocking(
+        &format!("init_transactions {id}"),
+        &format!("transaction coordinator of {id}"),
+        retry::COORDINATOR_BUDGET,
+        || p.init_transactions(timeout),
+    )
 }
 
 /// [`init_transactions`] of a producer made with `learn_ids`, then waits until the
 /// statistics report its producer id and epoch.
-pub fn init_and_learn(p: &Prod, ctx: &Ctx, topic: &str, timeout: Duration) -> Result<(i64, i16)> {
-    init_transactions(p, topic, timeout).map_err(|e| KafkaError::client("init_transactions", e))?;
+pub fn init_and_learn(
+    p: &Prod,
+    ctx: &Ctx,
+    id: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<(i64, i16)> {
+    init_transactions(p, id, topic, timeout)?;
     let deadline = Instant::now() + timeout;
     loop {
         p.poll(Duration::from_millis(20));

@@ -214,7 +214,7 @@ fn make_producer(
         learn_ids: true,
     };
     let (p, ctx) = producer::create(cfg, kind)?;
-    let ids = producer::init_and_learn(&p, &ctx, &cfg.default_topic, TXN_CALL_TIMEOUT)?;
+    let ids = producer::init_and_learn(&p, &ctx, id, &cfg.default_topic, TXN_CALL_TIMEOUT)?;
     Ok((p, ctx, ids))
 }
 

@@ -215,7 +215,13 @@ async fn describe_transactions_names_the_ids_the_statistics_report() {
         let (p, ctx) = producer::create(&cfg, learn).expect("producer");
         let c = cfg.clone();
         let (p, from_stats) = tokio::task::spawn_blocking(move || {
-            let ids = producer::init_and_learn(&p, &ctx, &c.default_topic, TXN_CALL_TIMEOUT);
+            let ids = producer::init_and_learn(
+                &p,
+                &ctx,
+                "describe-0-0",
+                &c.default_topic,
+                TXN_CALL_TIMEOUT,
+            );
             (p, ids)
         })
         .await
