@@ -24,7 +24,11 @@
 #   --security sasl-ssl        the client listener speaks SASL_SSL (SCRAM-SHA-256/512 and
 #                              PLAIN) with the StandardAuthorizer; needs --tls-dir and
 #                              --jaas-users (see testkit/src/apache_kafka.rs)
-#   --tls-dir DIR              server.keystore.p12 / server.truststore.p12 (password "onceflow")
+#   --tls-dir DIR              server.keystore.p12 / server.truststore.p12 (password
+#                              "onceflow"), or PEM files server.pem, server.key (PKCS#8) and
+#                              ca.pem, converted to those with openssl and keytool; SCRAM users
+#                              in scram-users.txt (lines "SCRAM-SHA-512 NAME PASSWORD", written
+#                              at format time), PLAIN users in plain-users.jaas (user_NAME="PW")
 #   --super-user NAME          a super user (repeatable; "admin" by default with --security)
 #   --plaintext-port PORT      with --security: an extra PLAINTEXT listener for the harness
 #                              (its principal is ANONYMOUS, made a super user)
@@ -106,8 +110,25 @@ parse_opts() {
 # A saved setting of the node directory (ports are kept so a restart serves the same address).
 saved() { [ -f "$DIR/ports" ] && sed -n "s/^$1=//p" "$DIR/ports" || true; }
 
+# PKCS#12 stores from PEM files (a test's certificates are PEM), once per TLS directory.
+tls_stores() {
+    [ -f "$TLS_DIR/server.keystore.p12" ] && return 0
+    [ -f "$TLS_DIR/server.pem" ] && [ -f "$TLS_DIR/server.key" ] \
+        || die "--tls-dir $TLS_DIR has neither server.keystore.p12 nor server.pem + server.key"
+    openssl pkcs12 -export -in "$TLS_DIR/server.pem" -inkey "$TLS_DIR/server.key" \
+        -name kafka -passout pass:onceflow -out "$TLS_DIR/server.keystore.p12.tmp" \
+        || die "openssl could not build the keystore from $TLS_DIR/server.pem"
+    mv "$TLS_DIR/server.keystore.p12.tmp" "$TLS_DIR/server.keystore.p12"
+    if [ ! -f "$TLS_DIR/server.truststore.p12" ] && [ -f "$TLS_DIR/ca.pem" ]; then
+        keytool -importcert -noprompt -storetype PKCS12 -alias ca -file "$TLS_DIR/ca.pem" \
+            -keystore "$TLS_DIR/server.truststore.p12" -storepass onceflow >/dev/null \
+            || die "keytool could not build the truststore from $TLS_DIR/ca.pem"
+    fi
+}
+
 write_config() {
     mkdir -p "$DIR/data"
+    [ -n "$SECURITY" ] && tls_stores
     PORT="${PORT:-$(saved port)}"; PORT="${PORT:-$(free_port)}"
     CPORT="${CPORT:-$(saved controller)}"; CPORT="${CPORT:-$(free_port)}"
     if [ -n "$SECURITY" ]; then
@@ -146,6 +167,10 @@ write_config() {
         echo "share.coordinator.state.topic.replication.factor=1"
         echo "share.coordinator.state.topic.min.isr=1"
         echo "group.initial.rebalance.delay.ms=0"
+        # a timed-out transaction is aborted within a second of its timeout (Kafka checks
+        # every 10 s by default), as the bundled broker does: the stall tests freeze a job
+        # just past its transaction timeout
+        echo "transaction.abort.timed.out.transaction.cleanup.interval.ms=1000"
         if [ -n "$SECURITY" ]; then
             local supers="User:admin"
             for u in "${SUPER_USERS[@]}"; do supers="$supers;User:$u"; done
@@ -160,9 +185,11 @@ write_config() {
             echo "ssl.keystore.location=$TLS_DIR/server.keystore.p12"
             echo "ssl.keystore.password=onceflow"
             echo "ssl.key.password=onceflow"
-            echo "ssl.truststore.type=PKCS12"
-            echo "ssl.truststore.location=$TLS_DIR/server.truststore.p12"
-            echo "ssl.truststore.password=onceflow"
+            if [ -f "$TLS_DIR/server.truststore.p12" ]; then
+                echo "ssl.truststore.type=PKCS12"
+                echo "ssl.truststore.location=$TLS_DIR/server.truststore.p12"
+                echo "ssl.truststore.password=onceflow"
+            fi
             echo "ssl.endpoint.identification.algorithm="
             # PLAIN users come from the JAAS file; SCRAM users are written at format time
             echo "listener.name.client.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required $(cat "$TLS_DIR/plain-users.jaas" 2>/dev/null || true);"

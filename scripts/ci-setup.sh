@@ -4,6 +4,9 @@
 #     feature links OpenSSL)
 #   - kcat (Debian package) for broker/tests/kcat.rs
 #   - a Python venv at .venv with kafka-python (PyPI) for broker/tests/python_clients.rs
+#   - Java 17 and Maven, and Apache Kafka 4.4's jars resolved by Maven from
+#     testkit/apache-kafka/pom.xml into the local Maven repository, for tests/apache_kafka.rs
+#     (scripts/apache-kafka.sh)
 # Idempotent: a second run changes nothing and says so. Prints what it did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,4 +72,19 @@ else
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check kafka-python
     echo "ci-setup: installed kafka-python $("$VENV/bin/python" -c 'import kafka; print(kafka.__version__)')"
 fi
+# Java and Maven for Apache Kafka 4.4 as a test broker (tests/apache_kafka.rs).
+if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then
+    echo "ci-setup: java and mvn already installed: $(java -version 2>&1 | head -1); $(mvn -B -v 2>/dev/null | head -1 | sed "s/\x1b\[[0-9;]*m//g")"
+else
+    apt_install openjdk-17-jre-headless maven
+    echo "ci-setup: installed $(java -version 2>&1 | head -1)"
+fi
+if ! command -v openssl >/dev/null 2>&1; then
+    apt_install openssl
+fi
+# Resolve Kafka's jars now, so that the first Kafka test does not wait for the download
+# (a second run finds them in ~/.m2 and downloads nothing).
+t0=$SECONDS
+cp_file="$(bash scripts/apache-kafka.sh classpath)"
+echo "ci-setup: Apache Kafka 4.4 class path ready in $((SECONDS - t0)) s: $(tr ':' '\n' <"$cp_file" | wc -l) jars ($cp_file)"
 echo "ci-setup: done"

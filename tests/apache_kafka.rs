@@ -20,6 +20,8 @@ mod eos_fencing;
 mod eos_kill9;
 #[path = "eos_scale_out.rs"]
 mod eos_scale_out;
+#[path = "eos_security.rs"]
+mod eos_security;
 
 /// The kill -9 crash tests on a cluster formatted with `transaction.version=0`: no epoch bump
 /// at commit, no server-side partition verification, as on Kafka 3.x.

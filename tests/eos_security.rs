@@ -1,4 +1,5 @@
-//! The example job against a secured bundled broker: a SASL_SSL listener (TLS with a CA made
+//! The example job against a secured broker (the bundled one, or Apache Kafka with SCRAM users,
+//! the StandardAuthorizer and ACLs): a SASL_SSL listener (TLS with a CA made
 //! at test time by rcgen, SCRAM-SHA-512 user `alice`) with ACLs, next to a PLAINTEXT listener
 //! whose anonymous principal is a super user, over which the harness produces the input and
 //! reads the output.
@@ -14,12 +15,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use onceflow_testkit::apache_kafka::{KafkaNode, KafkaOptions};
 use onceflow_testkit::bins::bins;
 use onceflow_testkit::checkpoints::highest_checkpoint_id;
 use onceflow_testkit::clients::{create_topics, read_topic};
 use onceflow_testkit::eos::*;
 use onceflow_testkit::security::TestPki;
-use onceflow_testkit::test_broker::TestBroker;
+use onceflow_testkit::test_broker::{on_apache_kafka, transaction_version, TestBroker};
 
 const USER: &str = "alice";
 const REGISTRY_TOPIC: &str = "onceflow-prefix-registry";
@@ -88,6 +90,9 @@ fn acl(principal: &str, operation: &str, resource_type: &str, name: &str, patter
 fn secured_broker(dir: &Path, acls: &[String]) -> (TestBroker, String, PathBuf) {
     bins();
     let (ca, cert, key) = certificates(dir);
+    if on_apache_kafka() {
+        return secured_apache_kafka(dir, acls, &ca);
+    }
     let users = dir.join("users.txt");
     std::fs::write(&users, format!("{USER}:plain:{PASSWORD}\n")).unwrap();
     let acl_file = dir.join("acls.txt");
@@ -117,6 +122,35 @@ fn secured_broker(dir: &Path, acls: &[String]) -> (TestBroker, String, PathBuf) 
         .listener_addr("SASL_SSL")
         .expect("the broker reports its SASL_SSL listener")
         .to_string();
+    (broker, secured, client_properties(dir, &ca))
+}
+
+/// [`secured_broker`] on Apache Kafka: SCRAM-SHA-512 user alice written at format time,
+/// the StandardAuthorizer, the ACLs created over the PLAINTEXT harness listener.
+fn secured_apache_kafka(dir: &Path, acls: &[String], ca: &Path) -> (TestBroker, String, PathBuf) {
+    std::fs::write(
+        dir.join("scram-users.txt"),
+        format!("SCRAM-SHA-512 {USER} {PASSWORD}\n"),
+    )
+    .unwrap();
+    let options = KafkaOptions {
+        transaction_version: transaction_version(),
+        sasl_ssl_tls_dir: Some(dir.to_path_buf()),
+        ..KafkaOptions::default()
+    };
+    let node = KafkaNode::start(&dir.join("apache-kafka"), options)
+        .unwrap_or_else(|e| panic!("start a secured Apache Kafka: {e:#}"));
+    node.create_acls(acls).expect("create the ACLs");
+    let secured = node.client_bootstrap().to_string();
+    (
+        TestBroker::ApacheKafka(node),
+        secured,
+        client_properties(dir, ca),
+    )
+}
+
+/// The job's client properties file: SASL_SSL as alice, the test CA.
+fn client_properties(dir: &Path, ca: &Path) -> PathBuf {
     let props = dir.join("client.properties");
     std::fs::write(
         &props,
@@ -126,7 +160,7 @@ fn secured_broker(dir: &Path, acls: &[String]) -> (TestBroker, String, PathBuf) 
         ),
     )
     .unwrap();
-    (broker, secured, props)
+    props
 }
 
 fn secured_args(mode: &str, dir: &Path, secured: &str, props: &Path) -> JobArgs {

@@ -31,8 +31,14 @@ pub struct KafkaOptions {
     pub transaction_version: u8,
     /// Extra `server.properties` lines (`key=value`).
     pub properties: Vec<String>,
-    /// Extra launcher flags (e.g. `--security sasl-ssl --tls-dir D`).
+    /// Extra launcher flags (see `scripts/apache-kafka.sh`).
     pub launcher_args: Vec<String>,
+    /// A secured node: the client listener speaks SASL_SSL with the StandardAuthorizer and
+    /// `allow.everyone.if.no.acl.found=false`, its certificate and users from this TLS
+    /// directory (`server.pem`, `server.key`, `ca.pem`, `scram-users.txt`); next to it a
+    /// PLAINTEXT listener for the harness, whose anonymous principal is a super user, is what
+    /// [`KafkaNode::bootstrap`] names ([`KafkaNode::client_bootstrap`] names the secured one).
+    pub sasl_ssl_tls_dir: Option<PathBuf>,
 }
 
 impl Default for KafkaOptions {
@@ -41,6 +47,7 @@ impl Default for KafkaOptions {
             transaction_version: 2,
             properties: Vec::new(),
             launcher_args: Vec::new(),
+            sasl_ssl_tls_dir: None,
         }
     }
 }
@@ -54,7 +61,10 @@ pub struct KafkaNode {
     options: KafkaOptions,
     log: PathBuf,
     generation: u32,
+    /// The PLAINTEXT harness listener of a secured node.
+    harness_port: Option<u16>,
     bootstrap: String,
+    client_bootstrap: String,
 }
 
 /// The launcher script.
@@ -73,6 +83,10 @@ impl KafkaNode {
     /// until it serves.
     pub fn start(dir: &Path, options: KafkaOptions) -> Result<KafkaNode> {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        let harness_port = match options.sasl_ssl_tls_dir {
+            Some(_) => Some(free_port()?),
+            None => None,
+        };
         let mut node = KafkaNode {
             proc: None,
             dir: dir.to_path_buf(),
@@ -81,9 +95,12 @@ impl KafkaNode {
             options,
             log: dir.join("kafka.stderr.log"),
             generation: 0,
+            harness_port,
             bootstrap: String::new(),
+            client_bootstrap: String::new(),
         };
-        node.bootstrap = format!("127.0.0.1:{}", node.port);
+        node.client_bootstrap = format!("127.0.0.1:{}", node.port);
+        node.bootstrap = format!("127.0.0.1:{}", harness_port.unwrap_or(node.port));
         node.spawn_once()?;
         Ok(node)
     }
@@ -101,6 +118,11 @@ impl KafkaNode {
                 &self.options.transaction_version.to_string(),
             ])
             .args(&self.options.launcher_args);
+        if let (Some(tls), Some(harness)) = (&self.options.sasl_ssl_tls_dir, self.harness_port) {
+            cmd.args(["--security", "sasl-ssl", "--tls-dir"])
+                .arg(tls)
+                .args(["--plaintext-port", &harness.to_string()]);
+        }
         for p in &self.options.properties {
             cmd.args(["--set", p]);
         }
@@ -124,9 +146,58 @@ impl KafkaNode {
         Ok(())
     }
 
-    /// `127.0.0.1:PORT` for `bootstrap.servers`.
+    /// `127.0.0.1:PORT` for `bootstrap.servers` of the harness: the client listener, or on a
+    /// secured node the PLAINTEXT harness listener.
     pub fn bootstrap(&self) -> &str {
         &self.bootstrap
+    }
+
+    /// `127.0.0.1:PORT` of the client listener (SASL_SSL on a secured node).
+    pub fn client_bootstrap(&self) -> &str {
+        &self.client_bootstrap
+    }
+
+    /// Creates ACL bindings through CreateAcls over the harness listener. Each line is in the
+    /// bundled broker's `--acl-file` format: `principal host operation permission
+    /// resource-type pattern-type name`, e.g. `User:alice * Read Allow Topic literal in`.
+    pub fn create_acls(&self, lines: &[String]) -> Result<()> {
+        use kafka_protocol::messages::create_acls_request::AclCreation;
+        use kafka_protocol::messages::CreateAclsRequest;
+        use kafka_protocol::protocol::StrBytes;
+        let mut creations = Vec::new();
+        for line in lines.iter().map(|l| l.trim()).filter(|l| !l.is_empty()) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [principal, host, operation, permission, resource_type, pattern, name] = f[..]
+            else {
+                bail!("ACL line {line:?}: expected 7 fields");
+            };
+            creations.push(
+                AclCreation::default()
+                    .with_principal(StrBytes::from_string(principal.into()))
+                    .with_host(StrBytes::from_string(host.into()))
+                    .with_operation(acl_code(ACL_OPERATIONS, operation, line)?)
+                    .with_permission_type(acl_code(&[("Deny", 2), ("Allow", 3)], permission, line)?)
+                    .with_resource_type(acl_code(ACL_RESOURCE_TYPES, resource_type, line)?)
+                    .with_resource_pattern_type(acl_code(
+                        &[("literal", 3), ("prefixed", 4)],
+                        pattern,
+                        line,
+                    )?)
+                    .with_resource_name(StrBytes::from_string(name.into())),
+            );
+        }
+        let mut c = crate::raw::RawClient::connect(self.bootstrap())?;
+        let r = c.request(&CreateAclsRequest::default().with_creations(creations), 3)?;
+        for (line, res) in lines.iter().zip(&r.results) {
+            if res.error_code != 0 {
+                bail!(
+                    "CreateAcls refused {line:?}: error {} {:?}",
+                    res.error_code,
+                    res.error_message
+                );
+            }
+        }
+        Ok(())
     }
 
     /// The client listener's port.
@@ -236,4 +307,35 @@ pub fn run_tool(name: &str, args: &[&str], timeout: Duration) -> Result<ToolOutp
         stdout,
         stderr,
     })
+}
+
+/// Kafka's AclOperation codes by name.
+const ACL_OPERATIONS: &[(&str, i8)] = &[
+    ("All", 2),
+    ("Read", 3),
+    ("Write", 4),
+    ("Create", 5),
+    ("Delete", 6),
+    ("Alter", 7),
+    ("Describe", 8),
+    ("ClusterAction", 9),
+    ("DescribeConfigs", 10),
+    ("AlterConfigs", 11),
+    ("IdempotentWrite", 12),
+];
+
+/// Kafka's ResourceType codes by name.
+const ACL_RESOURCE_TYPES: &[(&str, i8)] = &[
+    ("Topic", 2),
+    ("Group", 3),
+    ("Cluster", 4),
+    ("TransactionalId", 5),
+];
+
+fn acl_code(table: &[(&str, i8)], name: &str, line: &str) -> Result<i8> {
+    table
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, c)| *c)
+        .ok_or_else(|| anyhow!("ACL line {line:?}: unknown {name:?}"))
 }

@@ -123,7 +123,7 @@ impl TestBroker {
                 let options = KafkaOptions {
                     transaction_version: transaction_version(),
                     properties: kafka_properties(bundled_flags).unwrap_or_else(|e| panic!("{e:#}")),
-                    launcher_args: Vec::new(),
+                    ..KafkaOptions::default()
                 };
                 let node = KafkaNode::start(&dir.join("apache-kafka"), options)
                     .unwrap_or_else(|e| panic!("start Apache Kafka: {e:#}"));
