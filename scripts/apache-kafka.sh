@@ -69,9 +69,16 @@ free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# The KRaft cluster id format (16 random bytes, base64url without padding).
+# The KRaft cluster id format (16 random bytes, base64url without padding). Like Kafka's own
+# Uuid.randomUuid, never one that starts with "-": the storage tool would read it as an option.
 cluster_id() {
-    python3 -c 'import base64,os; print(base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("="))'
+    python3 -c '
+import base64, os
+while True:
+    s = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+    if not s.startswith("-"):
+        print(s)
+        break'
 }
 
 java_cp() {
@@ -215,7 +222,7 @@ format_once() {
         done <"$TLS_DIR/scram-users.txt"
     fi
     java_cp
-    "${exec_or_run[@]}" kafka.tools.StorageTool format --cluster-id "$(cluster_id)" \
+    "${exec_or_run[@]}" kafka.tools.StorageTool format --cluster-id="$(cluster_id)" \
         --config "$DIR/server.properties" --standalone \
         --feature "transaction.version=$TXN_VERSION" "${scram[@]}" >"$DIR/format.log" 2>&1 \
         || { cat "$DIR/format.log" >&2; die "kafka-storage format failed"; }
