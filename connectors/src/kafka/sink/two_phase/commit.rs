@@ -21,8 +21,9 @@ pub(super) struct InFlight {
     /// What the slot held while sealed (restored if the commit fails).
     handle: TxnHandle,
     since: Instant,
-    /// The latest complete checkpoint when the commit started.
-    completed: CheckpointId,
+    /// The newest pre-commit started when the commit started: the last snapshot that may
+    /// name the transaction (the runtime drops it once `commit` returned).
+    named_until: CheckpointId,
     /// The commit's outcome and how long it took.
     task: tokio::task::JoinHandle<(
         std::result::Result<(), rdkafka::error::KafkaError>,
@@ -51,7 +52,15 @@ impl TwoPhaseWriter {
 
     /// Commits the slot sealed at `checkpoint` on its live producer; false if none holds it.
     async fn commit_live(&mut self, checkpoint: CheckpointId) -> onceflow_runtime::Result<bool> {
-        let completed = self.completed;
+        let named_until = self.last_pre_commit;
+        #[cfg(test)]
+        if self.inject_commit_failures > 0 {
+            self.inject_commit_failures -= 1;
+            return Err(KafkaError::Protocol(format!(
+                "commit of checkpoint {checkpoint} failed: injected retriable failure"
+            ))
+            .into());
+        }
         let Some(slot) = self.slots.iter_mut().find(
             |s| matches!(s.state, SlotState::Sealed { checkpoint: c, .. } if c == checkpoint),
         ) else {
@@ -74,7 +83,7 @@ impl TwoPhaseWriter {
                 metrics::histogram!(m::RECORDS_PER_TXN).record(records as f64);
                 metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
                     .set(age.as_secs_f64());
-                slot.state = SlotState::Committed { at: completed };
+                slot.state = SlotState::Committed { named_until };
                 self.confirmed.push(checkpoint);
                 Ok(true)
             }
@@ -136,7 +145,7 @@ impl TwoPhaseWriter {
             slot: i,
             handle,
             since,
-            completed: self.completed,
+            named_until: self.last_pre_commit,
             task,
         });
         true
@@ -158,7 +167,9 @@ impl TwoPhaseWriter {
                     metrics::histogram!(m::RECORDS_PER_TXN).record(f.handle.records as f64);
                     metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
                         .set(f.since.elapsed().as_secs_f64());
-                    self.slots[f.slot].state = SlotState::Committed { at: f.completed };
+                    self.slots[f.slot].state = SlotState::Committed {
+                        named_until: f.named_until,
+                    };
                     self.confirmed.push(f.checkpoint);
                     tracing::debug!(
                         checkpoint = f.checkpoint,
@@ -217,8 +228,13 @@ impl TwoPhaseWriter {
         if self.start_commit(checkpoint) || self.commit_live(checkpoint).await? {
             return Ok(());
         }
-        if self.slots.iter().any(|s| s.id == t.transactional_id) {
-            // our own id, no longer sealed: committed before (we unseal only on success)
+        if let Some(slot) = self.slots.iter_mut().find(|s| s.id == t.transactional_id) {
+            // our own id, no longer sealed: committed before (we unseal only on success), by a
+            // retry while the runtime still held this pending, so every snapshot up to the
+            // newest pre-commit may name it; the runtime drops it now
+            if let SlotState::Committed { named_until } = &mut slot.state {
+                *named_until = (*named_until).max(self.last_pre_commit);
+            }
             self.confirmed.push(checkpoint);
             return Ok(());
         }

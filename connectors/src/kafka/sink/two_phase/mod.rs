@@ -12,11 +12,18 @@
 //! running through the drain, and the log keeps the order of the input. A failed drain fails
 //! the job (n+1's records are already elsewhere, so n cannot be pre-committed again); its
 //! transaction is aborted by the restart's fencing. commit(n) commits on the live producer.
-//! A slot whose transaction was committed at completion k is reused (same epoch) only after
-//! a later checkpoint completed: until then the latest complete checkpoint may still name
-//! that transaction, and a recovery EndTxn with the same epoch would commit the slot's new
-//! open transaction. Hence at least 3 slots (open, pre-committed, committed-but-named); the
-//! ring grows when checkpoints fail and the size is recorded in every pending.
+//! A transactional id that a restorable checkpoint names is never reused: a recovery from
+//! that checkpoint sends EndTxn(commit) with the recorded producer id and epoch, and on a
+//! reused slot (same producer, same epoch) that would commit the slot's later, partial
+//! transaction, whose records the replay then writes again. The runtime keeps a pre-commit
+//! in every snapshot until `commit` of it returned Ok, and that may be several checkpoints
+//! after the transaction was committed (a commit that failed at completion is retried at the
+//! next pre-commit, which succeeds while the runtime still holds the pending). So a committed
+//! slot records the newest checkpoint whose snapshot may name it (`named_until`: the newest
+//! pre-commit started when the runtime last handed the pending to `commit`) and is reused
+//! only once a later checkpoint completed. Hence at least 3 slots (open, pre-committed,
+//! committed-but-named); the ring grows when checkpoints fail or commits are retried, and
+//! the size is recorded in every pending.
 //! recover(pending) commits the restored checkpoint's transactions with the raw committer
 //! (aborted or fenced = data loss, the job fails naming the checkpoint), then fences every
 //! other id of the previous and current ring with init_transactions (all at once, each on
@@ -117,8 +124,9 @@ enum SlotState {
     },
     /// Its commit runs on a blocking thread (see the module documentation).
     Committing,
-    /// Committed when checkpoint `at` completed (reusable after a later completion).
-    Committed { at: CheckpointId },
+    /// Committed; snapshots of checkpoints up to `named_until` may name its transaction, so
+    /// it is reusable only once a later checkpoint completed (see the module documentation).
+    Committed { named_until: CheckpointId },
     /// Aborted (reusable).
     Aborted,
 }
@@ -147,6 +155,9 @@ pub struct TwoPhaseWriter {
     slots: Vec<Slot>,
     current: Option<usize>,
     completed: CheckpointId,
+    /// The newest checkpoint whose pre-commit started: its snapshot lists every pending the
+    /// runtime still holds.
+    last_pre_commit: CheckpointId,
     fatal: Option<String>,
     recovered_ids: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
     /// Commits in flight, oldest first.
@@ -161,6 +172,10 @@ pub struct TwoPhaseWriter {
     /// Set once the cluster could not answer DescribeTransactions: producers then learn
     /// their ids from librdkafka's statistics (see [`make_producer`]).
     ids_from_statistics: Arc<AtomicBool>,
+    /// Unit tests: this many live commits fail with a retriable error before reaching the
+    /// broker.
+    #[cfg(test)]
+    inject_commit_failures: u32,
 }
 
 /// At most this many records are held back during a drain; a write beyond waits for it.
@@ -237,6 +252,7 @@ impl TwoPhaseWriter {
             slots,
             current: None,
             completed: info.restored_checkpoint,
+            last_pre_commit: info.restored_checkpoint,
             fatal: None,
             recovered_ids: sink.recovered_ids.clone(),
             in_flight: Vec::new(),
@@ -244,6 +260,8 @@ impl TwoPhaseWriter {
             draining: None,
             held: Vec::new(),
             ids_from_statistics: Arc::new(AtomicBool::new(false)),
+            #[cfg(test)]
+            inject_commit_failures: 0,
         }
     }
 
@@ -279,7 +297,7 @@ impl TwoPhaseWriter {
         for (i, s) in self.slots.iter().enumerate() {
             match s.state {
                 SlotState::Fresh | SlotState::Aborted => return i,
-                SlotState::Committed { at } if at < self.completed => return i,
+                SlotState::Committed { named_until } if named_until < self.completed => return i,
                 _ => {}
             }
         }
@@ -447,6 +465,9 @@ impl TwoPhaseWriter {
                 "pre-commit {checkpoint} started before the previous one finished"
             )));
         }
+        // from here on this checkpoint's snapshot may name every pending the runtime holds,
+        // including those whose transactions the retries below commit
+        self.last_pre_commit = self.last_pre_commit.max(checkpoint);
         // no checkpoint may complete while an earlier one's transaction is uncommitted
         self.finish_in_flight().await?;
         // retry commits of complete checkpoints that failed before

@@ -123,7 +123,9 @@ impl TwoPhaseWriter {
         let avoid = self.recovered_ids.lock().clone();
         for s in &mut self.slots {
             if avoid.contains(&s.id) {
-                s.state = SlotState::Committed { at: self.restored };
+                s.state = SlotState::Committed {
+                    named_until: self.restored,
+                };
             }
         }
         let next = self.free_slot();

@@ -253,3 +253,79 @@ async fn describe_transactions_names_the_ids_the_statistics_report() {
         .expect("join");
     broker.shutdown().await;
 }
+
+/// A commit that failed at completion is retried by the next pre-commit while the runtime
+/// still holds its pending, so the next checkpoint's snapshot names the transaction again.
+/// Its slot must not be reused until a checkpoint whose snapshot does not name it completed:
+/// a recovery from that snapshot sends EndTxn(commit) with the recorded producer id and
+/// epoch, which on a reused slot (same producer, same epoch) commits the slot's later,
+/// partial transaction, and the replay writes those records a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_a_restorable_checkpoint_names_is_not_reused() {
+    let broker = start_with(BrokerConfig {
+        default_partitions: 2,
+        ..BrokerConfig::default()
+    })
+    .await;
+    let bootstrap = broker.local_addr().to_string();
+    let topic = "out-named";
+    let sink = KafkaSink::new(
+        KafkaSinkConfig::new(&bootstrap, topic)
+            .transactional_id_prefix("named")
+            .transaction_timeout(Duration::from_secs(60))
+            .checkpoint_interval(Duration::from_secs(1))
+            .recovery_allowance(Duration::from_secs(10)),
+    )
+    .without_seal();
+    let mut w = TwoPhaseWriter::new(&sink, &subtask_info(0, 1, 0));
+    w.recover(Vec::new()).await.expect("recover");
+    // checkpoint 1 completes, and its commit fails with a retriable error: the runtime keeps
+    // its pending for the next snapshot and the next completion
+    w.write_batch(records(0, 50)).await.expect("write 1");
+    let p1 = w.pre_commit(1).await.expect("pre-commit 1");
+    w.inject_commit_failures = 1;
+    w.commit(1, p1.clone())
+        .await
+        .expect_err("the injected commit failure");
+    // pre-commit 2 commits 1 on its retry; checkpoint 2's snapshot still lists 1
+    w.write_batch(records(50, 50)).await.expect("write 2");
+    let p2 = w.pre_commit(2).await.expect("pre-commit 2");
+    let snapshot_2 = vec![p1.clone(), p2.clone()];
+    // checkpoint 2 completes: the runtime commits 1 (again) and 2
+    w.commit(1, p1).await.expect("commit 1 once more");
+    w.commit(2, p2).await.expect("commit 2");
+    // checkpoint 3's transaction is sealed, and the next one gets records
+    w.write_batch(records(100, 50)).await.expect("write 3");
+    let p3 = w.pre_commit(3).await.expect("pre-commit 3");
+    let KafkaPending::TwoPhase(TwoPhasePending { ring_slots, .. }) = &p3 else {
+        panic!("a two-phase pending: {p3:?}");
+    };
+    assert!(
+        *ring_slots > 3,
+        "the ring grew instead of reusing a named slot: {p3:?}"
+    );
+    w.write_batch(records(150, 50)).await.expect("write 4");
+    // those records reach the broker, in the open transaction
+    let open = w.current.expect("an open transaction");
+    let (p, _, _) = w.slots[open].producer.clone().expect("its producer");
+    tokio::task::spawn_blocking(move || p.flush(Duration::from_secs(10)))
+        .await
+        .expect("join")
+        .expect("flush");
+    // the process dies here: nothing is cleaned up, its open transactions stay open
+    std::mem::forget(w);
+    let mut w = TwoPhaseWriter::new(&sink, &subtask_info(0, 1, 2));
+    w.recover(snapshot_2)
+        .await
+        .expect("recovery from checkpoint 2");
+    let mut seen = read_committed_values(&bootstrap, topic);
+    seen.sort();
+    let mut want: Vec<String> = (0..100).map(|i| format!("r{i}")).collect();
+    want.sort();
+    assert_eq!(
+        seen, want,
+        "checkpoints 1 and 2 once; nothing written after checkpoint 2"
+    );
+    drop(w);
+    broker.shutdown().await;
+}
