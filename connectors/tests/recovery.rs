@@ -1,6 +1,7 @@
 //! Recovery: a job stopped with a checkpoint at parallelism 2 and restored at parallelism 3
-//! gives the same result as an uninterrupted run; a corrupted or truncated checkpoint makes
-//! restore fall back to the previous one with errors naming the files.
+//! gives the same result as an uninterrupted run; a corrupted or truncated newest checkpoint
+//! fails the restore, naming the file and the older checkpoint, and where the job allows it
+//! the restore falls back to the previous one with errors naming the files.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -256,8 +257,32 @@ fn corrupt_checkpoint_falls_back_to_previous_with_error_naming_file() {
     );
     assert_corrupt_naming(explicit, &flipped);
 
-    let (r2, all) = run(
+    // `latest` refuses to go back on its own: the older checkpoint's output after it would be
+    // written again, and a sink that committed it would duplicate it
+    let (refused, _) = run(
         checkpointed("corrupt", dir.path(), 2).restore(RestoreMode::Latest),
+        &sink,
+        None,
+        None,
+    );
+    match refused {
+        Err(e @ Error::LatestCheckpointCorrupt { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("checkpoint {last} "))
+                    && msg.contains(&format!("older checkpoint {}", last - 1))
+                    && msg.contains(&flipped.display().to_string())
+                    && msg.contains("--restore-older-repeating-output"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected the restore to refuse the fallback, got {other:?}"),
+    }
+
+    let (r2, all) = run(
+        checkpointed("corrupt", dir.path(), 2)
+            .restore(RestoreMode::Latest)
+            .restore_older_if_corrupt(true),
         &sink,
         None,
         None,
@@ -306,7 +331,9 @@ fn damaged_inline_state_falls_back_to_previous_with_error_naming_metadata() {
     );
     assert_corrupt_naming(explicit, &meta);
     let (r2, all) = run(
-        checkpointed("inline", dir.path(), 2).restore(RestoreMode::Latest),
+        checkpointed("inline", dir.path(), 2)
+            .restore(RestoreMode::Latest)
+            .restore_older_if_corrupt(true),
         &sink,
         None,
         None,

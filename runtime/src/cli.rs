@@ -47,6 +47,11 @@ pub struct JobArgs {
     /// checkpoint directory is given).
     #[arg(long)]
     pub restore: Option<RestoreMode>,
+    /// With `--restore latest`: if the newest complete checkpoint does not verify, restore the
+    /// newest older one that does. Output written after that older checkpoint is written
+    /// again (without this flag the job fails, naming both checkpoints).
+    #[arg(long)]
+    pub restore_older_repeating_output: bool,
 }
 
 impl JobArgs {
@@ -57,6 +62,7 @@ impl JobArgs {
             .max_parallelism(self.max_parallelism)
             .retained_checkpoints(self.retained_checkpoints)
             .state_inline_threshold(self.state_inline_threshold_bytes)
+            .restore_older_if_corrupt(self.restore_older_repeating_output)
             .stop_on_sigterm(true);
         if self.checkpoint_interval_ms > 0 {
             c = c.checkpoint_interval(Duration::from_millis(self.checkpoint_interval_ms));
@@ -104,5 +110,8 @@ mod tests {
         assert!(Cli::try_parse_from(["job", "--restore", "maybe"]).is_err());
         let cli = Cli::parse_from(["job", "--restore", "7", "--checkpoint-dir", "d"]);
         assert_eq!(cli.job.to_config("j").restore, RestoreMode::Checkpoint(7));
+        assert!(!cli.job.to_config("j").restore_older_if_corrupt);
+        let cli = Cli::parse_from(["job", "--restore-older-repeating-output"]);
+        assert!(cli.job.to_config("j").restore_older_if_corrupt);
     }
 }

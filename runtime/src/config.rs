@@ -12,7 +12,9 @@ pub enum RestoreMode {
     /// Start from scratch; existing checkpoints are left alone (new ids continue after them).
     #[default]
     None,
-    /// The newest complete checkpoint that verifies; corrupt ones are skipped with an error.
+    /// The newest complete checkpoint. If it does not verify, the restore fails naming it and
+    /// the next older one, unless [`JobConfig::restore_older_if_corrupt`] allows restoring
+    /// the newest older checkpoint that verifies (whose output after it repeats).
     Latest,
     /// Exactly this checkpoint (fails if it is missing or corrupt).
     Checkpoint(CheckpointId),
@@ -75,6 +77,11 @@ pub struct JobConfig {
     pub state_inline_threshold: usize,
     /// Where to restore from at start.
     pub restore: RestoreMode,
+    /// With [`RestoreMode::Latest`], restore the newest older checkpoint that verifies when
+    /// the newest complete one does not. Off by default: the sinks of a complete checkpoint
+    /// have committed its output, so a restore from an older one writes the output between
+    /// the two again (an exactly-once sink's duplicates).
+    pub restore_older_if_corrupt: bool,
     /// Capacity of every channel, in batches (bounded: gives backpressure).
     pub channel_capacity: usize,
     /// Maximum records per batch on a channel.
@@ -105,6 +112,7 @@ impl Default for JobConfig {
             retained_checkpoints: 3,
             state_inline_threshold: DEFAULT_STATE_INLINE_THRESHOLD,
             restore: RestoreMode::None,
+            restore_older_if_corrupt: false,
             channel_capacity: 16,
             batch_size: 256,
             stop_on_sigterm: false,
@@ -127,6 +135,7 @@ impl std::fmt::Debug for JobConfig {
             .field("retained_checkpoints", &self.retained_checkpoints)
             .field("state_inline_threshold", &self.state_inline_threshold)
             .field("restore", &self.restore)
+            .field("restore_older_if_corrupt", &self.restore_older_if_corrupt)
             .finish_non_exhaustive()
     }
 }
@@ -167,6 +176,14 @@ impl JobConfig {
     /// Sets the restore policy.
     pub fn restore(mut self, mode: RestoreMode) -> Self {
         self.restore = mode;
+        self
+    }
+
+    /// Allows [`RestoreMode::Latest`] to restore an older checkpoint when the newest complete
+    /// one does not verify, accepting that the output written after the older one is written
+    /// again (see [`JobConfig::restore_older_if_corrupt`]).
+    pub fn restore_older_if_corrupt(mut self, yes: bool) -> Self {
+        self.restore_older_if_corrupt = yes;
         self
     }
 

@@ -68,6 +68,20 @@ pub enum Error {
     /// A requested checkpoint does not exist or is incomplete.
     #[error("checkpoint {0} not found or incomplete")]
     CheckpointNotFound(u64),
+    /// The newest complete checkpoint does not verify, and restoring an older one (whose
+    /// output after it the sinks would write again) was not allowed.
+    #[error("the newest complete checkpoint {latest} does not verify: {reason}; {}", match .older {
+        Some(o) => format!("restoring the older checkpoint {o} would write again the output the sinks committed after it. Repair checkpoint {latest}'s files, or accept repeated output: restore {o} explicitly (--restore {o}) or allow the fallback (--restore-older-repeating-output, JobConfig::restore_older_if_corrupt)"),
+        None => "no older complete checkpoint is retained".to_string(),
+    })]
+    LatestCheckpointCorrupt {
+        /// The newest complete checkpoint.
+        latest: u64,
+        /// The next older complete checkpoint, if one is retained.
+        older: Option<u64>,
+        /// Why it does not verify (names the file).
+        reason: String,
+    },
     /// Every retained checkpoint failed to load; the errors name the files.
     #[error("no valid checkpoint to restore from: {}", .0.join("; "))]
     NoValidCheckpoint(Vec<String>),
@@ -128,6 +142,7 @@ impl Error {
             | Error::CorruptCheckpoint { .. }
             | Error::CheckpointNotFound(_)
             | Error::NoValidCheckpoint(_)
+            | Error::LatestCheckpointCorrupt { .. }
             | Error::Io { .. }
             | Error::CheckpointFailed { .. }
             | Error::ChannelClosed(_) => Fault::External,

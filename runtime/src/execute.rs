@@ -145,7 +145,12 @@ impl StreamEnvironment {
             None => None,
         };
         let (loaded, restore_errors) = match &storage {
-            Some(s) => load_for_restore(s.as_ref(), config.restore, max)?,
+            Some(s) => load_for_restore(
+                s.as_ref(),
+                config.restore,
+                max,
+                config.restore_older_if_corrupt,
+            )?,
             None => (None, Vec::new()),
         };
         let restored_id = loaded.as_ref().map(|l| l.id());

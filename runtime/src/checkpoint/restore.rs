@@ -1,5 +1,7 @@
-//! Loading a checkpoint for restore: verify metadata and every state file, fall back to an
-//! older complete checkpoint when the newest is corrupt (reporting which file failed).
+//! Loading a checkpoint for restore: verify metadata and every state file. When the newest
+//! complete checkpoint is corrupt the restore fails naming the file and the next older
+//! checkpoint, or, where the job allows it, falls back to the newest older one that verifies
+//! (its sinks' output after it is then written again).
 
 use std::collections::HashMap;
 
@@ -67,11 +69,14 @@ pub fn load_checkpoint(
 }
 
 /// Chooses and loads the checkpoint named by `mode`. Returns it (or `None` to start fresh)
-/// and the errors of checkpoints that were skipped because they did not verify.
+/// and the errors of checkpoints that were skipped because they did not verify: with
+/// `older_if_corrupt` false, a newest complete checkpoint that does not verify fails the
+/// restore ([`Error::LatestCheckpointCorrupt`]) instead of being skipped.
 pub fn load_for_restore(
     storage: &dyn CheckpointStorage,
     mode: RestoreMode,
     max_parallelism: usize,
+    older_if_corrupt: bool,
 ) -> Result<(Option<LoadedCheckpoint>, Vec<String>)> {
     let check = |c: LoadedCheckpoint| -> Result<LoadedCheckpoint> {
         if c.metadata.max_parallelism as usize != max_parallelism {
@@ -105,8 +110,15 @@ pub fn load_for_restore(
                     // an older format is not damage: older checkpoints are no better, and
                     // starting from scratch would silently drop the job's state
                     Err(e @ Error::IncompatibleCheckpoint { .. }) => return Err(e),
+                    Err(e) if !older_if_corrupt => {
+                        return Err(Error::LatestCheckpointCorrupt {
+                            latest: *id,
+                            older: ids.iter().rev().find(|o| *o < id).copied(),
+                            reason: e.to_string(),
+                        })
+                    }
                     Err(e) => {
-                        tracing::error!(checkpoint = id, error = %e, "checkpoint does not verify, trying an older one");
+                        tracing::error!(checkpoint = id, error = %e, "checkpoint does not verify, trying an older one (restore_older_if_corrupt: output after it repeats)");
                         metrics::counter!("onceflow_restore_skipped_checkpoints_total")
                             .increment(1);
                         errors.push(format!("checkpoint {id}: {e}"));

@@ -122,6 +122,12 @@ impl KafkaJobArgs {
                 "--checkpoint-interval-ms must be positive: a Kafka job commits its output at checkpoints".into(),
             ));
         }
+        if self.mode.is_transactional() && rt.restore_older_repeating_output {
+            return Err(KafkaError::Config(format!(
+                "--restore-older-repeating-output does not apply to --mode {}: the group's committed offsets name the checkpoint to restore, and it is never replaced by an older one",
+                mode_name(self.mode)
+            )));
+        }
         if self.mode.is_transactional() && rt.restore.is_some() {
             return Err(KafkaError::Config(format!(
                 "--restore does not apply to --mode {}: the group's committed offsets name the checkpoint to restore (start over with a new --group and a new output topic instead)",
@@ -262,6 +268,7 @@ mod tests {
         assert!(refused(&["job", "--checkpoint-interval-ms", "0"]));
         assert!(refused(&["job", "--transaction-timeout-ms", "5000"]));
         assert!(refused(&["job", "--restore", "latest"]));
+        assert!(refused(&["job", "--restore-older-repeating-output"]));
         assert!(refused(&["job", "--kafka-property", "group.id=other"]));
         assert!(refused(&["job", "--kafka-property", "no-equals"]));
         // two-phase-commit recovery cannot speak GSSAPI (librdkafka's default mechanism)
