@@ -21,6 +21,7 @@ use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
 use onceflow_testkit::proxy::Proxy;
+use onceflow_testkit::test_broker::TestBroker;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -54,19 +55,20 @@ fn broker_kill_run(test: &str, mode: &str) {
 
     let mut runs = 1;
     let mut job = spawn_job(&bootstrap, &args, "1");
-    let committed_after = |job: &mut Proc, before: Option<u64>, what: &str| {
+    let committed_after = |job: &mut Proc, broker: &TestBroker, before: Option<u64>, what: &str| {
         let line = job.wait_line(START_TIMEOUT, |l| {
             checkpoint_number(l, "committed").is_some_and(|n| Some(n) > before)
         });
         assert!(
             line.is_some(),
             "{what}: the job committed no checkpoint after {before:?} within {START_TIMEOUT:?} \
-             (exit status {:?}; a job must ride through a broker restart, not exit)\n{}",
+             (exit status {:?}; a job must ride through a broker restart, not exit)\n{}\n{}",
             job.try_status(),
-            job.describe()
+            job.describe(),
+            broker.describe()
         );
     };
-    committed_after(&mut job, None, "start");
+    committed_after(&mut job, &broker, None, "start");
     let mut restores = 0;
     for k in 1..=BROKER_KILLS {
         std::thread::sleep(Duration::from_millis(rng.random_range(200..1500)));
@@ -79,7 +81,7 @@ fn broker_kill_run(test: &str, mode: &str) {
             bootstrap,
             "restarted on another address"
         );
-        committed_after(&mut job, before, &format!("broker restart {k}"));
+        committed_after(&mut job, &broker, before, &format!("broker restart {k}"));
         eprintln!(
             "[eos] {test}: broker restart {k}: the job rode through (committed {:?})",
             last_committed(&job.lines())
@@ -95,7 +97,7 @@ fn broker_kill_run(test: &str, mode: &str) {
             runs += 1;
             restores += 1;
             job = spawn_job(&bootstrap, &args, &format!("{runs}"));
-            committed_after(&mut job, None, &format!("restore {restores}"));
+            committed_after(&mut job, &broker, None, &format!("restore {restores}"));
         }
     }
     producer.join().expect("input producer");

@@ -553,18 +553,27 @@ pub fn committed_checkpoint(
         .set("isolation.level", "read_committed")
         .create()
         .map_err(|e| KafkaError::client("creating a consumer", e))?;
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(30))
-        .map_err(|e| KafkaError::client("metadata", e))?;
+    // a cluster that just restarted may answer late (coordinators loading, transaction
+    // markers of an aborted predecessor still on their way to the offsets): both calls are
+    // retried within the coordinator budget like every other coordinator request
+    let md = crate::kafka::retry::blocking(
+        &format!("metadata of {topic}"),
+        "cluster",
+        crate::kafka::retry::COORDINATOR_BUDGET,
+        || consumer.fetch_metadata(Some(topic), Duration::from_secs(30)),
+    )?;
     let mut tpl = TopicPartitionList::new();
     for t in md.topics().iter().filter(|t| t.name() == topic) {
         for p in t.partitions() {
             tpl.add_partition(topic, p.id());
         }
     }
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(30))
-        .map_err(|e| KafkaError::client("reading committed offsets", e))?;
+    let committed = crate::kafka::retry::blocking(
+        &format!("reading the committed offsets of group {group}"),
+        &format!("group coordinator of {group}"),
+        crate::kafka::retry::COORDINATOR_BUDGET,
+        || consumer.committed_offsets(tpl.clone(), Duration::from_secs(30)),
+    )?;
     let mut found: Option<CheckpointId> = None;
     for e in committed.elements() {
         if !matches!(e.offset(), Offset::Offset(_)) {
