@@ -116,7 +116,9 @@ fn batch(values: &[&str]) -> Result<Bytes> {
             producer_epoch: -1,
             timestamp_type: TimestampType::Creation,
             offset: i as i64,
-            sequence: -1,
+            // The encoder keeps records in one batch only while offset minus sequence stays
+            // the same; a batch without a producer id carries base sequence -1.
+            sequence: i as i32 - 1,
             timestamp: 1_000 + i as i64,
             key: None,
             value: Some(Bytes::copy_from_slice(v.as_bytes())),

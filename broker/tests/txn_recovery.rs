@@ -79,18 +79,19 @@ fn open_transactions_lso_and_aborted_index_survive_a_crash() {
         let (pb, eb) = mgr.init_producer_id("b", 60_000, None).unwrap().unwrap();
         mgr.add_partitions("a", pa, ea, &tp()).unwrap().unwrap();
         mgr.add_partitions("b", pb, eb, &tp()).unwrap().unwrap();
-        mgr.append(&p, plain_batch("plain-0")).expect("plain"); // 0
-                                                                // A transactional batch for a partition not in the producer's transaction is refused.
+        mgr.append(&p, None, plain_batch("plain-0")).expect("plain"); // 0
+                                                                      // A transactional batch for a partition not in the producer's transaction is refused.
         let (pc, ec) = mgr.init_producer_id("c", 60_000, None).unwrap().unwrap();
         assert!(matches!(
-            mgr.append(&p, txn_batch(pc, ec, 0, &["c0"])),
+            mgr.append(&p, Some("c"), txn_batch(pc, ec, 0, &["c0"])),
             Err(TxnProduceError::Refused(ResponseError::InvalidTxnState))
         ));
-        mgr.append(&p, txn_batch(pa, ea, 0, &["a0", "a1"]))
+        mgr.append(&p, Some("a"), txn_batch(pa, ea, 0, &["a0", "a1"]))
             .expect("a"); // 1..2
-        mgr.append(&p, txn_batch(pb, eb, 0, &["b0"])).expect("b"); // 3
+        mgr.append(&p, Some("b"), txn_batch(pb, eb, 0, &["b0"]))
+            .expect("b"); // 3
         mgr.end_txn("a", pa, ea, false).unwrap().unwrap(); // abort marker at 4
-        mgr.append(&p, plain_batch("plain-1")).expect("plain"); // 5
+        mgr.append(&p, None, plain_batch("plain-1")).expect("plain"); // 5
         assert_eq!(p.last_stable_offset(), 3);
         // Crash: dropped without snapshots.
     }
@@ -145,7 +146,7 @@ fn init_producer_id_over_an_open_transaction_answers_after_aborting_it() {
     let tp = vec![("t".to_string(), 0)];
     let (pid, epoch) = mgr.init_producer_id("f", 60_000, None).unwrap().unwrap();
     mgr.add_partitions("f", pid, epoch, &tp).unwrap().unwrap();
-    mgr.append(&p, txn_batch(pid, epoch, 0, &["f0", "f1"]))
+    mgr.append(&p, Some("f"), txn_batch(pid, epoch, 0, &["f0", "f1"]))
         .expect("open transaction"); // 0..1
     assert_eq!(p.last_stable_offset(), 0, "the transaction is open");
 

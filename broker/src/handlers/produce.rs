@@ -1,6 +1,7 @@
-//! Produce (v3+): appends each partition's RecordBatch bytes as received; per-partition
+//! Produce (v3+): appends each partition's one RecordBatch as received; per-partition
 //! error codes; acks 0 gets no response (the dispatcher drops it), 1 and -1 are the same on
-//! one node.
+//! one node. Transactional batches need the request's transactional id and are checked
+//! against the transaction coordinator before they are appended.
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use super::RequestContext;
 use crate::metrics;
 use crate::security::{AclOperation, ResourceType};
 use crate::state::{BrokerState, TopicLookup};
-use crate::storage::batch::ProducedBatches;
+use crate::storage::batch::{self, ProducedBatches};
 use crate::storage::{AppendError, AppendOutcome, Partition, PendingAppend};
 use crate::txn::TxnProduceError;
 
@@ -34,15 +35,24 @@ pub async fn handle(
     req: ProduceRequest,
 ) -> ProduceResponse {
     let acks_ok = (-1..=1).contains(&req.acks);
-    // Kafka: a transactional produce needs Write on its transactional id, every topic Write.
-    let txn_id_denied = req.transactional_id.as_ref().is_some_and(|id| {
-        !ctx.authorized(
+    // Kafka: a transactional produce needs Write on its transactional id, every topic Write;
+    // transactional batches without a transactional id are refused like an unauthorized one.
+    let txn_id_denied = match &req.transactional_id {
+        Some(id) => !ctx.authorized(
             state,
             AclOperation::Write,
             ResourceType::TransactionalId,
             id,
-        )
-    });
+        ),
+        None => req
+            .topic_data
+            .iter()
+            .flat_map(|t| &t.partition_data)
+            .filter_map(|p| p.records.as_deref())
+            .any(batch::has_transactional_batch),
+    };
+    // the coordinator checks each transactional batch's producer id against this id
+    let txn_id: Option<Arc<str>> = req.transactional_id.as_ref().map(|t| Arc::from(t.as_str()));
     let mut names: Vec<TopicName> = Vec::with_capacity(req.topic_data.len());
     let mut jobs = Vec::new();
     for (topic_no, topic) in req.topic_data.into_iter().enumerate() {
@@ -102,13 +112,17 @@ pub async fn handle(
         .map(|j| j.target.as_ref().ok().cloned())
         .collect();
     let outcomes = if state.is_durable() {
-        append_in_parallel(state, targets).await
+        append_in_parallel(state, txn_id, targets).await
     } else {
         targets
             .into_iter()
             // through the transaction layer, which checks transactional batches
             .map(|job| {
-                job.map(|(partition, produced)| state.txn.append_produced(&partition, &produced))
+                job.map(|(partition, produced)| {
+                    state
+                        .txn
+                        .append_produced(&partition, txn_id.as_deref(), &produced)
+                })
             })
             .collect()
     };
@@ -208,6 +222,7 @@ type AppendResult = Result<AppendOutcome, TxnProduceError>;
 /// to the same partition stay in request order. `None` marks a task that died.
 async fn append_in_parallel(
     state: &Arc<BrokerState>,
+    txn_id: Option<Arc<str>>,
     jobs: Vec<Option<(Arc<Partition>, ProducedBatches)>>,
 ) -> Vec<Option<AppendResult>> {
     // (partition, [(job slot, records)])
@@ -230,7 +245,7 @@ async fn append_in_parallel(
         if state.store.appends_in_memory() {
             // Nothing to wait for: append on the connection's task, without handing the
             // request to a blocking thread and back.
-            let written = write_group(state, &partition, group);
+            let written = write_group(state, &partition, txn_id.as_deref(), group);
             for (slot, result) in sync_group(&partition, written) {
                 outcomes[slot] = Some(result);
             }
@@ -239,7 +254,7 @@ async fn append_in_parallel(
         let order = crate::server::take_request_order();
         let state = Arc::clone(state);
         let task = tokio::task::spawn_blocking(move || {
-            let written = write_group(&state, &partition, group);
+            let written = write_group(&state, &partition, txn_id.as_deref(), group);
             if let Some(order) = order {
                 order.release();
             }
@@ -260,8 +275,9 @@ async fn append_in_parallel(
         .into_iter()
         .map(|(partition, group)| {
             let state = Arc::clone(state);
+            let txn_id = txn_id.clone();
             tokio::task::spawn_blocking(move || {
-                let results = write_group(&state, &partition, group);
+                let results = write_group(&state, &partition, txn_id.as_deref(), group);
                 (partition, results)
             })
         })
@@ -300,6 +316,7 @@ async fn append_in_parallel(
 fn write_group(
     state: &BrokerState,
     partition: &Arc<Partition>,
+    txn_id: Option<&str>,
     group: Vec<(usize, ProducedBatches)>,
 ) -> Vec<(usize, Result<PendingAppend, TxnProduceError>)> {
     group
@@ -307,7 +324,9 @@ fn write_group(
         .map(|(slot, produced)| {
             (
                 slot,
-                state.txn.append_produced_unsynced(partition, &produced),
+                state
+                    .txn
+                    .append_produced_unsynced(partition, txn_id, &produced),
             )
         })
         .collect()
@@ -378,6 +397,15 @@ fn parse_records(
     };
     match ProducedBatches::parse(records.clone()) {
         Ok(produced) if produced.largest() > max => Err(too_large(produced.largest())),
+        // Kafka's `ProduceRequest.validateRecords`: from v3 on, one batch per partition. A
+        // request's batches would otherwise be checked and appended as separate units.
+        Ok(produced) if produced.batches().len() != 1 => Err(map_append_error(
+            ctx.version,
+            &AppendError::InvalidRecord(format!(
+                "Produce v3 and later carries exactly one record batch per partition, got {}",
+                produced.batches().len()
+            )),
+        )),
         Ok(produced) => Ok(produced),
         Err(fault) => match largest_batch(&records) {
             Some(size) if size > max => Err(too_large(size)),

@@ -291,6 +291,26 @@ impl ProducedBatches {
     }
 }
 
+/// Whether any batch in a Produce request's records field, as far as its framing can be
+/// followed, has the transactional attribute (Kafka's `hasTransactionalRecords`, which
+/// decides whether the request needs a transactional id). Runs before validation, so it
+/// reads only the attributes of each batch.
+pub fn has_transactional_batch(records: &[u8]) -> bool {
+    let mut pos = 0;
+    while let Some(Ok(size)) = peek_size(&records[pos..]) {
+        if let Some(attributes) = records.get(pos + 21..pos + 23) {
+            if be_i16(attributes, 0) & ATTR_TRANSACTIONAL != 0 {
+                return true;
+            }
+        }
+        pos = pos.saturating_add(size);
+        if pos >= records.len() {
+            break;
+        }
+    }
+    false
+}
+
 /// Whether `records` holds whole batches and none of them has a record (batches the log
 /// cleaner emptied or filled in).
 pub fn only_empty_batches(records: &[u8]) -> bool {

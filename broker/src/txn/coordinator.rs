@@ -554,17 +554,20 @@ impl Coordinator {
             .collect()
     }
 
-    /// Produce-side check of a transactional batch: the producer must hold the current epoch
-    /// and have added the partition to its open transaction ([`ProduceView::check`], which
-    /// the Produce path calls without this coordinator's lock).
+    /// Produce-side check of a transactional batch: the producer id must be
+    /// `transactional_id`'s, hold the current epoch and have added the partition to its open
+    /// transaction ([`ProduceView::check`], which the Produce path calls without this
+    /// coordinator's lock).
     pub fn check_produce(
         &self,
+        transactional_id: &str,
         producer_id: i64,
         epoch: i16,
         topic: &str,
         partition: i32,
     ) -> std::result::Result<(), ResponseError> {
-        self.view.check(producer_id, epoch, topic, partition)
+        self.view
+            .check(transactional_id, producer_id, epoch, topic, partition)
     }
 
     /// TxnOffsetCommit check: the producer holds the current epoch and added `group` with

@@ -32,15 +32,15 @@ fn commit_flow_and_retried_end_txn() {
         .unwrap();
     assert_eq!(epoch, 0);
     assert_eq!(
-        c.check_produce(pid, epoch, "a", 0),
+        c.check_produce("t", pid, epoch, "a", 0),
         Err(ResponseError::InvalidTxnState)
     );
     c.add_to_txn("t", pid, epoch, &[tp("a", 0), tp("b", 1)], &[], 10)
         .unwrap()
         .unwrap();
-    assert_eq!(c.check_produce(pid, epoch, "a", 0), Ok(()));
+    assert_eq!(c.check_produce("t", pid, epoch, "a", 0), Ok(()));
     assert_eq!(
-        c.check_produce(pid, epoch, "a", 1),
+        c.check_produce("t", pid, epoch, "a", 1),
         Err(ResponseError::InvalidTxnState)
     );
     let step = c.end_txn("t", pid, epoch, true, 20).unwrap();
@@ -82,7 +82,7 @@ fn new_producer_fences_the_open_transaction() {
     assert_eq!((job.kind, job.producer_epoch), (MarkerKind::Abort, e0 + 1));
     // The old producer is fenced at once.
     assert_eq!(
-        c.check_produce(pid, e0, "a", 0),
+        c.check_produce("t", pid, e0, "a", 0),
         Err(ResponseError::InvalidProducerEpoch)
     );
     assert_eq!(
@@ -218,7 +218,7 @@ fn operator_abort_fences_and_aborts_every_partition() {
         Some(TxnState::PrepareAbort)
     );
     assert_eq!(
-        c.check_produce(pid, epoch, "a", 0),
+        c.check_produce("t", pid, epoch, "a", 0),
         Err(ResponseError::InvalidProducerEpoch)
     );
     assert_eq!(c.complete(&job, 13).unwrap(), Some(3));

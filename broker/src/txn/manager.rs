@@ -210,26 +210,30 @@ impl TxnManager {
     }
 
     /// Appends a Produce request's records (split and validated by the caller) to
-    /// `partition`. Transactional batches are checked against the coordinator (current
-    /// epoch, partition added to the open transaction) under the partition's transaction
-    /// lock; the store records the transaction's first offset. Other batches go straight to
-    /// the store.
+    /// `partition`; `transactional_id` is the request's. Transactional batches are checked
+    /// against the coordinator (the producer id is `transactional_id`'s, current epoch,
+    /// partition added to the open transaction) under the partition's transaction lock; the
+    /// store records the transaction's first offset. Other batches go straight to the store.
     pub fn append_produced(
         &self,
         partition: &Arc<Partition>,
+        transactional_id: Option<&str>,
         produced: &ProducedBatches,
     ) -> std::result::Result<AppendOutcome, TxnProduceError> {
-        self.checked_append(partition, produced, |p, b| p.append_produced(b))
+        self.checked_append(partition, transactional_id, produced, |p, b| {
+            p.append_produced(b)
+        })
     }
 
     /// [`append_produced`](Self::append_produced) of records not yet split and validated.
     pub fn append(
         &self,
         partition: &Arc<Partition>,
+        transactional_id: Option<&str>,
         records: Bytes,
     ) -> std::result::Result<AppendOutcome, TxnProduceError> {
         let produced = ProducedBatches::parse(records).map_err(AppendError::from)?;
-        self.append_produced(partition, &produced)
+        self.append_produced(partition, transactional_id, &produced)
     }
 
     /// [`append_produced`](Self::append_produced) without waiting for the fsync (group
@@ -239,41 +243,63 @@ impl TxnManager {
     pub fn append_produced_unsynced(
         &self,
         partition: &Arc<Partition>,
+        transactional_id: Option<&str>,
         produced: &ProducedBatches,
     ) -> std::result::Result<PendingAppend, TxnProduceError> {
-        self.checked_append(partition, produced, |p, b| p.append_produced_unsynced(b))
+        self.checked_append(partition, transactional_id, produced, |p, b| {
+            p.append_produced_unsynced(b)
+        })
     }
 
-    /// Checks a transactional batch against the coordinator and appends it with `write`,
-    /// both under the partition's transaction lock, so no batch lands after its marker.
+    /// Checks every transactional batch against the coordinator and appends the records
+    /// with `write`, both under the partition's transaction lock, so no batch lands after
+    /// its marker. Every batch is checked, not only the first: the store opens a
+    /// transaction for any transactional batch it appends, and one the coordinator does not
+    /// know would hold the partition's last stable offset back until an operator aborts it.
     fn checked_append<T>(
         &self,
         partition: &Arc<Partition>,
+        transactional_id: Option<&str>,
         produced: &ProducedBatches,
         write: impl FnOnce(&Partition, &ProducedBatches) -> std::result::Result<T, AppendError>,
     ) -> std::result::Result<T, TxnProduceError> {
-        let header = *produced.first();
-        if !(header.is_transactional() && header.has_producer_id() && !header.is_control()) {
+        // control batches from clients are refused by the store
+        let mut guarded = produced
+            .batches()
+            .iter()
+            .map(|(_, h)| h)
+            .filter(|h| h.is_transactional() && !h.is_control())
+            .peekable();
+        if guarded.peek().is_none() {
             return Ok(write(partition, produced)?);
         }
         let lock = self.partition_lock(partition);
         let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(code) = self.produce_view.check(
-            header.producer_id,
-            header.producer_epoch,
-            partition.topic(),
-            partition.index(),
-        ) {
-            metrics::counter!(metrics::PRODUCE_REFUSED, "error" => code_label(code)).increment(1);
-            tracing::debug!(
-                topic = partition.topic(),
-                partition = partition.index(),
-                producer_id = header.producer_id,
-                epoch = header.producer_epoch,
-                ?code,
-                "transactional batch refused"
-            );
-            return Err(TxnProduceError::Refused(code));
+        for header in guarded {
+            let checked = match transactional_id {
+                Some(id) => self.produce_view.check(
+                    id,
+                    header.producer_id,
+                    header.producer_epoch,
+                    partition.topic(),
+                    partition.index(),
+                ),
+                None => Err(ResponseError::TransactionalIdAuthorizationFailed),
+            };
+            if let Err(code) = checked {
+                metrics::counter!(metrics::PRODUCE_REFUSED, "error" => code_label(code))
+                    .increment(1);
+                tracing::debug!(
+                    topic = partition.topic(),
+                    partition = partition.index(),
+                    transactional_id,
+                    producer_id = header.producer_id,
+                    epoch = header.producer_epoch,
+                    ?code,
+                    "transactional batch refused"
+                );
+                return Err(TxnProduceError::Refused(code));
+            }
         }
         Ok(write(partition, produced)?)
     }
@@ -657,6 +683,9 @@ fn code_label(code: ResponseError) -> &'static str {
         ResponseError::InvalidProducerEpoch => "invalid_producer_epoch",
         ResponseError::InvalidTxnState => "invalid_txn_state",
         ResponseError::InvalidProducerIdMapping => "invalid_producer_id_mapping",
+        ResponseError::TransactionalIdAuthorizationFailed => {
+            "transactional_id_authorization_failed"
+        }
         _ => "other",
     }
 }

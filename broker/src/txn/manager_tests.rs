@@ -89,7 +89,7 @@ fn a_transactional_produce_does_not_take_the_coordinator_lock() {
         let (m, partition) = (Arc::clone(&m), Arc::clone(&partition));
         within_stuck(move || {
             let produced = ProducedBatches::parse(batch(pid, epoch, 0)).unwrap();
-            m.append_produced_unsynced(&partition, &produced)
+            m.append_produced_unsynced(&partition, Some("a"), &produced)
                 .map(|p| p.outcome.base_offset)
         })
     };
@@ -101,7 +101,7 @@ fn a_transactional_produce_does_not_take_the_coordinator_lock() {
         0
     );
     // and the checks still hold: a fenced epoch and a partition outside the transaction
-    let refused = m.append(&partition, batch(pid, epoch + 1, 1));
+    let refused = m.append(&partition, Some("a"), batch(pid, epoch + 1, 1));
     assert!(matches!(
         refused,
         Err(TxnProduceError::Refused(
@@ -117,8 +117,10 @@ fn a_marker_fsync_does_not_hold_up_produce_to_its_partition() {
     let partition = m.store.partition("t", 0).unwrap();
     let (a, a_epoch) = open_txn(&m, "a");
     let (b, b_epoch) = open_txn(&m, "b");
-    m.append(&partition, batch(a, a_epoch, 0)).unwrap();
-    m.append(&partition, batch(b, b_epoch, 0)).unwrap();
+    m.append(&partition, Some("a"), batch(a, a_epoch, 0))
+        .unwrap();
+    m.append(&partition, Some("b"), batch(b, b_epoch, 0))
+        .unwrap();
 
     // a's commit writes its marker and waits in the marker's fsync
     backend.hold_syncs();
@@ -142,7 +144,7 @@ fn a_marker_fsync_does_not_hold_up_produce_to_its_partition() {
         let (m, partition) = (Arc::clone(&m), Arc::clone(&partition));
         within_stuck(move || {
             let produced = ProducedBatches::parse(batch(b, b_epoch, 1)).unwrap();
-            m.append_produced_unsynced(&partition, &produced)
+            m.append_produced_unsynced(&partition, Some("b"), &produced)
         })
     };
     backend.release_syncs();
@@ -171,7 +173,7 @@ fn a_lost_complete_commit_is_completed_again_without_a_second_marker() {
     let m = manager_in(&backend, Some(dir.path()));
     let (a, epoch) = open_txn(&m, "a");
     let partition = m.store.partition("t", 0).unwrap();
-    m.append(&partition, batch(a, epoch, 0)).unwrap();
+    m.append(&partition, Some("a"), batch(a, epoch, 0)).unwrap();
     assert_eq!(m.end_txn("a", a, epoch, true).unwrap(), Ok(()));
     assert_eq!(
         m.describe("a").unwrap().state,

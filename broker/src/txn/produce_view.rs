@@ -1,6 +1,6 @@
-//! What the Produce path checks a transactional batch against: each producer id's current
-//! epoch and the partitions of its open transaction, as of the coordinator's last durable
-//! state change.
+//! What the Produce path checks a transactional batch against: each producer id's
+//! transactional id, current epoch and the partitions of its open transaction, as of the
+//! coordinator's last durable state change.
 //!
 //! The coordinator publishes a producer's entry after the transaction log's append (and its
 //! fsync) of each state change, under its own lock; a Produce request reads the view under a
@@ -27,6 +27,8 @@ pub struct ProduceView {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
+    /// The transactional id the coordinator issued the producer id to.
+    transactional_id: String,
     epoch: i16,
     /// The partitions of the open transaction; `None` unless the state is Ongoing.
     open: Option<BTreeSet<TopicPartition>>,
@@ -35,6 +37,7 @@ struct Entry {
 impl Entry {
     fn of(m: &TxnMetadata) -> Entry {
         Entry {
+            transactional_id: m.transactional_id.clone(),
             epoch: m.producer_epoch,
             open: (m.state == TxnState::Ongoing).then(|| m.partitions.clone()),
         }
@@ -71,10 +74,14 @@ impl ProduceView {
         self.by_pid.write().remove(&producer_id);
     }
 
-    /// The Produce-side check of a transactional batch: the producer holds the current epoch
-    /// and added the partition to its open transaction.
+    /// The Produce-side check of a transactional batch: the coordinator issued the producer
+    /// id to `transactional_id` (the request's, whose Write permission was checked), the
+    /// producer holds the current epoch and added the partition to its open transaction. A
+    /// producer id of another transactional id is answered as an unknown one, as Kafka's
+    /// coordinator answers a mismatched producer id.
     pub fn check(
         &self,
+        transactional_id: &str,
         producer_id: i64,
         epoch: i16,
         topic: &str,
@@ -83,6 +90,7 @@ impl ProduceView {
         let by_pid = self.by_pid.read();
         let e = by_pid
             .get(&producer_id)
+            .filter(|e| e.transactional_id == transactional_id)
             .ok_or(ResponseError::InvalidProducerIdMapping)?;
         if epoch != e.epoch {
             return Err(ResponseError::InvalidProducerEpoch);
@@ -111,40 +119,54 @@ mod tests {
     fn checks_epoch_state_and_partition() {
         let v = ProduceView::default();
         assert_eq!(
-            v.check(7, 0, "a", 0),
+            v.check("t", 7, 0, "a", 0),
             Err(ResponseError::InvalidProducerIdMapping)
         );
         v.publish(&meta(7, 0, TxnState::Ongoing, &[("a", 0)]), None);
-        assert_eq!(v.check(7, 0, "a", 0), Ok(()));
-        assert_eq!(v.check(7, 0, "a", 1), Err(ResponseError::InvalidTxnState));
+        assert_eq!(v.check("t", 7, 0, "a", 0), Ok(()));
         assert_eq!(
-            v.check(7, 1, "a", 0),
+            v.check("t", 7, 0, "a", 1),
+            Err(ResponseError::InvalidTxnState)
+        );
+        assert_eq!(
+            v.check("t", 7, 1, "a", 0),
             Err(ResponseError::InvalidProducerEpoch)
         );
         v.publish(&meta(7, 0, TxnState::PrepareCommit, &[("a", 0)]), None);
-        assert_eq!(v.check(7, 0, "a", 0), Err(ResponseError::InvalidTxnState));
+        assert_eq!(
+            v.check("t", 7, 0, "a", 0),
+            Err(ResponseError::InvalidTxnState)
+        );
         // fenced: the epoch moved on
         v.publish(&meta(7, 1, TxnState::Ongoing, &[("a", 0)]), None);
         assert_eq!(
-            v.check(7, 0, "a", 0),
+            v.check("t", 7, 0, "a", 0),
             Err(ResponseError::InvalidProducerEpoch)
         );
-        assert_eq!(v.check(7, 1, "a", 0), Ok(()));
+        assert_eq!(v.check("t", 7, 1, "a", 0), Ok(()));
+        // the producer id of another transactional id
+        assert_eq!(
+            v.check("u", 7, 1, "a", 0),
+            Err(ResponseError::InvalidProducerIdMapping)
+        );
     }
 
     #[test]
     fn a_replaced_or_removed_producer_id_is_unknown() {
         let v = ProduceView::of([&meta(7, 5, TxnState::Ongoing, &[("a", 0)])]);
-        assert_eq!(v.check(7, 5, "a", 0), Ok(()));
+        assert_eq!(v.check("t", 7, 5, "a", 0), Ok(()));
         v.publish(&meta(8, 0, TxnState::Empty, &[]), Some(7));
         assert_eq!(
-            v.check(7, 5, "a", 0),
+            v.check("t", 7, 5, "a", 0),
             Err(ResponseError::InvalidProducerIdMapping)
         );
-        assert_eq!(v.check(8, 0, "a", 0), Err(ResponseError::InvalidTxnState));
+        assert_eq!(
+            v.check("t", 8, 0, "a", 0),
+            Err(ResponseError::InvalidTxnState)
+        );
         v.remove(8);
         assert_eq!(
-            v.check(8, 0, "a", 0),
+            v.check("t", 8, 0, "a", 0),
             Err(ResponseError::InvalidProducerIdMapping)
         );
     }
