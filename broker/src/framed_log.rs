@@ -15,8 +15,16 @@
 //!
 //! Resynchronising tries every byte position after `p`; candidates whose length field points
 //! past the end of the file are rejected without hashing, so a torn tail costs little.
+//!
+//! Writing goes through [`Appender`], which keeps a failed append from leaving a partial frame
+//! that later frames would follow (that would read back as corruption).
 
 use std::path::{Path, PathBuf};
+
+mod appender;
+#[cfg(test)]
+pub use appender::faulty;
+pub use appender::{Appender, LogFile};
 
 /// Byte order of a file's frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::offsets::{CommittedOffset, TopicPartition};
 use super::{GroupError, Result};
-use crate::framed_log::{ByteOrder, Framing, ScanError};
+use crate::framed_log::{Appender, ByteOrder, Framing, ScanError};
 
 const KIND_COMMIT: u8 = 1;
 const KIND_STAGE: u8 = 2;
@@ -247,9 +247,8 @@ impl Reader<'_> {
 #[derive(Debug)]
 pub struct OffsetsLog {
     path: PathBuf,
-    file: File,
+    file: Appender,
     fsync_every_write: bool,
-    bytes: u64,
 }
 
 impl OffsetsLog {
@@ -315,9 +314,8 @@ impl OffsetsLog {
             .map_err(|source| io_err(&path, source))?;
         Ok(Self {
             path,
-            file,
+            file: Appender::new(file, len),
             fsync_every_write,
-            bytes: len,
         })
     }
 
@@ -327,36 +325,30 @@ impl OffsetsLog {
         self.append_with(record, self.fsync_every_write)
     }
 
-    /// Appends one record, fsyncing it only if `sync`.
+    /// Appends one record, fsyncing it only if `sync`. A failed write is cut back off the
+    /// file; after a failed fsync the file is offline: every later append and sync fails
+    /// until a restart.
     pub fn append_with(&mut self, record: &LogRecord, sync: bool) -> Result<()> {
-        let frame = record.encode();
         self.file
-            .write_all(&frame)
-            .map_err(|source| io_err(&self.path, source))?;
-        if sync {
-            self.file
-                .sync_data()
-                .map_err(|source| io_err(&self.path, source))?;
-        }
-        self.bytes += frame.len() as u64;
-        Ok(())
+            .append(&record.encode(), sync)
+            .map_err(|source| io_err(&self.path, source))
     }
 
-    /// Forces appended records to disk.
+    /// Forces appended records to disk; a failure takes the file offline.
     pub fn sync(&mut self) -> Result<()> {
         self.file
-            .sync_data()
+            .sync()
             .map_err(|source| io_err(&self.path, source))
     }
 
     /// The file's current size in bytes.
     pub fn len(&self) -> u64 {
-        self.bytes
+        self.file.len()
     }
 
     /// Whether the file holds no records.
     pub fn is_empty(&self) -> bool {
-        self.bytes == 0
+        self.file.is_empty()
     }
 
     /// The directory holding the file.
@@ -374,7 +366,11 @@ fn io_err(path: &Path, source: std::io::Error) -> GroupError {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
     use super::*;
+    use crate::framed_log::faulty::{Faults, FaultyFile};
 
     fn sample_offsets() -> Vec<(TopicPartition, CommittedOffset)> {
         vec![(
@@ -427,6 +423,72 @@ mod tests {
         assert!(LogRecord::decode(&[KIND_COMMIT, 255, 255, 255, 255]).is_err());
         assert!(LogRecord::decode(&[KIND_COMMIT, 0, 0, 0, 0, 255, 255, 255, 255]).is_err());
         assert!(LogRecord::decode(&[77]).is_err());
+    }
+
+    /// An empty log in `dir` whose file fails as the returned [`Faults`] say.
+    fn faulty_log(dir: &Path) -> (OffsetsLog, Arc<Faults>) {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut log = OffsetsLog::rewrite(dir, &[], true).unwrap();
+        let faults = Arc::new(Faults::default());
+        let shared = Arc::clone(&faults);
+        log.file.wrap_file(move |inner| {
+            Box::new(FaultyFile {
+                inner,
+                faults: shared,
+            })
+        });
+        (log, faults)
+    }
+
+    fn commit(group: &str) -> LogRecord {
+        LogRecord::Commit {
+            group: group.into(),
+            offsets: sample_offsets(),
+        }
+    }
+
+    #[test]
+    fn an_append_after_a_failed_write_reads_back_at_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, faults) = faulty_log(dir.path());
+        log.append(&commit("a")).unwrap();
+        faults.torn_write.store(true, Ordering::SeqCst);
+        assert!(log.append(&commit("b")).is_err(), "the torn write failed");
+        faults.torn_write.store(false, Ordering::SeqCst);
+        log.append(&commit("c")).unwrap();
+        drop(log);
+        let records = OffsetsLog::replay(dir.path(), false)
+            .expect("replay: the failed write left no partial frame before c");
+        assert_eq!(records, vec![commit("a"), commit("c")]);
+    }
+
+    #[test]
+    fn after_a_failed_fsync_the_log_takes_no_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, faults) = faulty_log(dir.path());
+        log.append(&commit("a")).unwrap();
+        // a write without fsync, then the fsync that should cover it fails
+        log.append_with(&commit("b"), false).unwrap();
+        faults.sync.store(true, Ordering::SeqCst);
+        assert!(log.sync().is_err());
+        faults.sync.store(false, Ordering::SeqCst);
+        let refused = log.append(&commit("c")).unwrap_err();
+        assert!(refused.to_string().contains("offline"), "{refused}");
+        assert!(log.sync().is_err());
+        // and a failed fsync of an append of its own
+        let (mut log, faults) = faulty_log(&dir.path().join("second"));
+        log.append(&commit("a")).unwrap();
+        faults.sync.store(true, Ordering::SeqCst);
+        assert!(log.append(&commit("b")).is_err());
+        faults.sync.store(false, Ordering::SeqCst);
+        assert!(log.append(&commit("c")).is_err());
+        drop(log);
+        let records = OffsetsLog::replay(&dir.path().join("second"), false).unwrap();
+        assert_eq!(
+            records,
+            vec![commit("a")],
+            "the failed record was cut back off"
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::{Result, TxnError};
 use super::state::{Reader, TxnMetadata};
-use crate::framed_log::{ByteOrder, Framing, ScanError};
+use crate::framed_log::{Appender, ByteOrder, Framing, ScanError};
 
 /// File name of the transaction log inside the transaction directory.
 pub const LOG_FILE: &str = "transactions.log";
@@ -114,7 +114,7 @@ impl LogImage {
 #[derive(Debug)]
 pub struct TxnLog {
     path: Option<PathBuf>,
-    file: Option<File>,
+    file: Option<Appender>,
     records_since_compaction: u64,
 }
 
@@ -181,14 +181,13 @@ impl TxnLog {
         Ok((log, image))
     }
 
-    /// Appends one record and fsyncs it.
+    /// Appends one record and fsyncs it. A failed write is cut back off the file; after a
+    /// failed fsync the log is offline: every later append fails until a restart.
     pub fn append(&mut self, rec: &LogRecord) -> Result<()> {
         let (Some(path), Some(file)) = (&self.path, &mut self.file) else {
             return Ok(());
         };
-        let bytes = rec.encode();
-        file.write_all(&bytes)
-            .and_then(|()| file.sync_data())
+        file.append(&rec.encode(), true)
             .map_err(|e| TxnError::io(path, e))?;
         self.records_since_compaction += 1;
         Ok(())
@@ -204,7 +203,7 @@ impl TxnLog {
         let (Some(path), Some(file)) = (&self.path, &mut self.file) else {
             return Ok(());
         };
-        file.write_all(&rec.encode())
+        file.append(&rec.encode(), false)
             .map_err(|e| TxnError::io(path, e))?;
         self.records_since_compaction += 1;
         Ok(())
@@ -220,6 +219,13 @@ impl TxnLog {
         let Some(path) = self.path.clone() else {
             return Ok(());
         };
+        if let Some(why) = self.file.as_ref().and_then(Appender::offline) {
+            // what reached the disk is unknown; only a restart reads it back
+            return Err(TxnError::io(
+                &path,
+                std::io::Error::other(format!("log offline until restart: {why}")),
+            ));
+        }
         let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         let tmp = path.with_extension("log.tmp");
         let mut bytes = Vec::new();
@@ -238,9 +244,10 @@ impl TxnLog {
             .append(true)
             .open(&path)
             .map_err(|e| TxnError::io(&path, e))?;
-        f.seek(SeekFrom::End(0))
+        let len = f
+            .seek(SeekFrom::End(0))
             .map_err(|e| TxnError::io(&path, e))?;
-        self.file = Some(f);
+        self.file = Some(Appender::new(f, len));
         self.records_since_compaction = 0;
         Ok(())
     }
@@ -248,8 +255,70 @@ impl TxnLog {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
     use super::*;
+    use crate::framed_log::faulty::{Faults, FaultyFile};
     use crate::txn::state::TxnState;
+
+    /// A log in `dir` whose file fails as the returned [`Faults`] say.
+    fn faulty_log(dir: &Path) -> (TxnLog, Arc<Faults>) {
+        let (mut log, _) = TxnLog::open(dir, false).expect("open");
+        let faults = Arc::new(Faults::default());
+        let shared = Arc::clone(&faults);
+        log.file.as_mut().expect("file").wrap_file(move |inner| {
+            Box::new(FaultyFile {
+                inner,
+                faults: shared,
+            })
+        });
+        (log, faults)
+    }
+
+    fn upsert(id: &str) -> LogRecord {
+        LogRecord::Upsert(TxnMetadata::new(id, 1, 1000, 1))
+    }
+
+    fn ids(image: &LogImage) -> Vec<String> {
+        let mut ids: Vec<String> = image.txns.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn an_append_after_a_failed_write_reads_back_at_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut log, faults) = faulty_log(dir.path());
+        log.append(&upsert("a")).expect("append a");
+        faults.torn_write.store(true, Ordering::SeqCst);
+        assert!(log.append(&upsert("b")).is_err(), "the torn write failed");
+        faults.torn_write.store(false, Ordering::SeqCst);
+        log.append(&upsert("c")).expect("append c");
+        drop(log);
+        let (_log, image) = TxnLog::open(dir.path(), false)
+            .expect("reopen: the failed write left no partial frame before c");
+        assert_eq!(ids(&image), ["a", "c"]);
+    }
+
+    #[test]
+    fn after_a_failed_fsync_the_log_takes_no_appends() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut log, faults) = faulty_log(dir.path());
+        log.append(&upsert("a")).expect("append a");
+        faults.sync.store(true, Ordering::SeqCst);
+        assert!(log.append(&upsert("b")).is_err(), "the fsync failed");
+        faults.sync.store(false, Ordering::SeqCst);
+        let refused = log
+            .append(&upsert("c"))
+            .expect_err("appends after a failed fsync");
+        assert!(refused.to_string().contains("offline"), "{refused}");
+        assert!(log.append_unsynced(&upsert("d")).is_err());
+        assert!(log.rewrite(&LogImage::default()).is_err());
+        drop(log);
+        let (_log, image) = TxnLog::open(dir.path(), false).expect("reopen");
+        assert_eq!(ids(&image), ["a"], "the failed record was cut back off");
+    }
 
     #[test]
     fn replays_latest_state_and_cuts_a_torn_tail() {
