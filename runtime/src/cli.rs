@@ -36,6 +36,12 @@ pub struct JobArgs {
     /// Checkpoint interval in milliseconds (0: only the final checkpoint).
     #[arg(long, default_value_t = 1000)]
     pub checkpoint_interval_ms: u64,
+    /// A checkpoint that has not completed after this many ms fails (default 60000).
+    #[arg(long)]
+    pub checkpoint_timeout_ms: Option<u64>,
+    /// Checkpoints that may fail in a row before the job fails (default: any number).
+    #[arg(long)]
+    pub tolerable_failed_checkpoints: Option<u32>,
     /// Complete checkpoints to keep.
     #[arg(long, default_value_t = 3)]
     pub retained_checkpoints: usize,
@@ -66,6 +72,12 @@ impl JobArgs {
             .stop_on_sigterm(true);
         if self.checkpoint_interval_ms > 0 {
             c = c.checkpoint_interval(Duration::from_millis(self.checkpoint_interval_ms));
+        }
+        if let Some(ms) = self.checkpoint_timeout_ms {
+            c = c.checkpoint_timeout(Duration::from_millis(ms));
+        }
+        if self.tolerable_failed_checkpoints.is_some() {
+            c = c.tolerable_failed_checkpoints(self.tolerable_failed_checkpoints);
         }
         if let Some(dir) = &self.checkpoint_dir {
             c = c
@@ -111,6 +123,23 @@ mod tests {
         let cli = Cli::parse_from(["job", "--restore", "7", "--checkpoint-dir", "d"]);
         assert_eq!(cli.job.to_config("j").restore, RestoreMode::Checkpoint(7));
         assert!(!cli.job.to_config("j").restore_older_if_corrupt);
+        assert_eq!(cli.job.to_config("j").tolerable_failed_checkpoints, None);
+        assert_eq!(
+            cli.job.to_config("j").checkpoint_timeout,
+            Duration::from_secs(60)
+        );
+        let cli = Cli::parse_from([
+            "job",
+            "--tolerable-failed-checkpoints",
+            "2",
+            "--checkpoint-timeout-ms",
+            "9000",
+        ]);
+        assert_eq!(cli.job.to_config("j").tolerable_failed_checkpoints, Some(2));
+        assert_eq!(
+            cli.job.to_config("j").checkpoint_timeout,
+            Duration::from_secs(9)
+        );
         let cli = Cli::parse_from(["job", "--restore-older-repeating-output"]);
         assert!(cli.job.to_config("j").restore_older_if_corrupt);
     }

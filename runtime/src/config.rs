@@ -65,6 +65,13 @@ pub struct JobConfig {
     pub checkpoint_interval: Option<Duration>,
     /// A checkpoint that has not completed after this long fails.
     pub checkpoint_timeout: Duration,
+    /// Checkpoints that may fail in a row before the job fails (Flink's
+    /// `execution.checkpointing.tolerable-failed-checkpoints`); `None` tolerates any number,
+    /// and a completed checkpoint resets the count. A sink that pre-commits transactions
+    /// keeps every failed checkpoint's transactions open until a later one completes, so an
+    /// exactly-once sink needs a bound: past it the job fails and its restart commits what
+    /// the last complete checkpoint names while the broker still holds it.
+    pub tolerable_failed_checkpoints: Option<u32>,
     /// Directory of durable checkpoints; `None` keeps checkpoints in memory only (no recovery).
     pub checkpoint_dir: Option<PathBuf>,
     /// Complete checkpoints kept on disk (older ones are deleted); at least 1.
@@ -108,6 +115,7 @@ impl Default for JobConfig {
             max_parallelism: 128,
             checkpoint_interval: None,
             checkpoint_timeout: Duration::from_secs(60),
+            tolerable_failed_checkpoints: None,
             checkpoint_dir: None,
             retained_checkpoints: 3,
             state_inline_threshold: DEFAULT_STATE_INLINE_THRESHOLD,
@@ -131,6 +139,11 @@ impl std::fmt::Debug for JobConfig {
             .field("parallelism", &self.parallelism)
             .field("max_parallelism", &self.max_parallelism)
             .field("checkpoint_interval", &self.checkpoint_interval)
+            .field("checkpoint_timeout", &self.checkpoint_timeout)
+            .field(
+                "tolerable_failed_checkpoints",
+                &self.tolerable_failed_checkpoints,
+            )
             .field("checkpoint_dir", &self.checkpoint_dir)
             .field("retained_checkpoints", &self.retained_checkpoints)
             .field("state_inline_threshold", &self.state_inline_threshold)
@@ -164,6 +177,19 @@ impl JobConfig {
     /// Enables periodic checkpoints.
     pub fn checkpoint_interval(mut self, every: Duration) -> Self {
         self.checkpoint_interval = Some(every);
+        self
+    }
+
+    /// Fails a checkpoint that has not completed after `timeout` (default 60 s).
+    pub fn checkpoint_timeout(mut self, timeout: Duration) -> Self {
+        self.checkpoint_timeout = timeout;
+        self
+    }
+
+    /// Fails the job once more than `n` checkpoints failed in a row (see
+    /// [`JobConfig::tolerable_failed_checkpoints`]); `None` tolerates any number.
+    pub fn tolerable_failed_checkpoints(mut self, n: Option<u32>) -> Self {
+        self.tolerable_failed_checkpoints = n;
         self
     }
 
@@ -248,6 +274,9 @@ impl JobConfig {
         }
         if self.checkpoint_interval == Some(std::time::Duration::ZERO) {
             return bad("checkpoint_interval must be positive");
+        }
+        if self.checkpoint_timeout.is_zero() {
+            return bad("checkpoint_timeout must be positive");
         }
         Ok(())
     }

@@ -2,8 +2,8 @@
 //! acknowledgement, writes the metadata durably and only then publishes the checkpoint as
 //! complete (which makes sinks commit). A [`crate::CompletionHook`], if configured, seals the
 //! checkpoint between those two steps; a failed seal fails the job. A failed or timed-out
-//! checkpoint is discarded and the job goes on; the final checkpoint (end of input or stop)
-//! must succeed.
+//! checkpoint is discarded and the job goes on, up to `tolerable_failed_checkpoints` failures
+//! in a row; the final checkpoint (end of input or stop) must succeed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,6 +38,8 @@ struct Pending {
 pub(crate) struct CoordinatorStats {
     pub completed: u64,
     pub failed: u64,
+    /// Failures since the last completed checkpoint.
+    pub failed_in_a_row: u32,
     pub last: Option<CheckpointId>,
 }
 
@@ -109,20 +111,52 @@ impl Coordinator {
         pending
     }
 
-    fn fail(&self, p: &Pending, reason: &str, stats: &mut CoordinatorStats) {
+    /// Discards a failed checkpoint; an error once the failures in a row exceed the job's
+    /// `tolerable_failed_checkpoints` (or the final checkpoint failed).
+    fn fail(&self, p: &Pending, reason: &str, stats: &mut CoordinatorStats) -> Result<()> {
         stats.failed += 1;
+        stats.failed_in_a_row += 1;
         metrics::counter!(m::CHECKPOINTS_FAILED).increment(1);
-        tracing::warn!(
-            checkpoint = p.id,
-            reason,
-            "checkpoint failed; the job continues"
-        );
+        let tolerable = self.config.tolerable_failed_checkpoints;
+        let too_many = tolerable.is_some_and(|t| stats.failed_in_a_row > t);
+        if !too_many && !p.is_final {
+            tracing::warn!(
+                checkpoint = p.id,
+                reason,
+                failed_in_a_row = stats.failed_in_a_row,
+                "checkpoint failed; the job continues"
+            );
+        }
         self.notify(CheckpointEvent::Failed(p.id));
         if let Some(st) = &self.storage {
             if let Err(e) = st.discard(p.id) {
                 tracing::warn!(checkpoint = p.id, error = %e, "could not discard failed checkpoint");
             }
         }
+        if p.is_final {
+            return Err(Error::CheckpointFailed {
+                checkpoint: p.id,
+                reason: format!("final checkpoint: {reason}"),
+            });
+        }
+        if too_many {
+            let t = tolerable.unwrap_or(0);
+            tracing::error!(
+                checkpoint = p.id,
+                reason,
+                failed_in_a_row = stats.failed_in_a_row,
+                tolerable = t,
+                "too many checkpoints failed in a row: the job fails"
+            );
+            return Err(Error::CheckpointFailed {
+                checkpoint: p.id,
+                reason: format!(
+                    "{reason}; {} checkpoints failed in a row, {t} are tolerated (tolerable_failed_checkpoints): the job fails so that its restart commits what the last complete checkpoint names before the broker's transaction timeout",
+                    stats.failed_in_a_row
+                ),
+            });
+        }
+        Ok(())
     }
 
     async fn complete(&self, p: &mut Pending) -> Result<()> {
@@ -217,10 +251,8 @@ impl Coordinator {
                 }
                 _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)).await }, if deadline.is_some() => {
                     if let Some(p) = pending.take() {
-                        self.fail(&p, "timed out", &mut stats);
-                        if p.is_final {
-                            return Err(Error::CheckpointFailed { checkpoint: p.id, reason: "final checkpoint timed out".into() });
-                        }
+                        let reason = format!("timed out after {} ms (checkpoint_timeout)", self.config.checkpoint_timeout.as_millis());
+                        self.fail(&p, &reason, &mut stats)?;
                     }
                 }
                 r = self.stop_rx.changed(), if stop_open => {
@@ -261,12 +293,7 @@ impl Coordinator {
                                     None => self.complete(&mut p).await.map_err(|e| e.to_string()),
                                 };
                                 match outcome {
-                                    Err(reason) => {
-                                        self.fail(&p, &reason, &mut stats);
-                                        if p.is_final {
-                                            return Err(Error::CheckpointFailed { checkpoint: p.id, reason });
-                                        }
-                                    }
+                                    Err(reason) => self.fail(&p, &reason, &mut stats)?,
                                     Ok(()) => {
                                         if let Some(hook) = self.config.completion_hook.clone() {
                                             let t0 = Instant::now();
@@ -282,6 +309,7 @@ impl Coordinator {
                                         metrics::counter!(m::CHECKPOINTS_COMPLETED).increment(1);
                                         tracing::info!(checkpoint = p.id, ms = took.as_millis() as u64, "checkpoint complete");
                                         stats.completed += 1;
+                                        stats.failed_in_a_row = 0;
                                         stats.last = Some(p.id);
                                         self.notify(CheckpointEvent::Completed(p.id));
                                         self.progress_tx.send_modify(|s| s.completed = p.id);

@@ -97,6 +97,10 @@ pub(crate) struct Settings {
     pub interval: Duration,
     pub timeout: Duration,
     pub allowance: Duration,
+    /// The runtime's checkpoint timeout (see [`checkpoint_limits`]).
+    pub checkpoint_timeout: Duration,
+    /// The runtime's tolerable failed checkpoints in a row (see [`checkpoint_limits`]).
+    pub tolerable_failed_checkpoints: Option<u32>,
     pub parallelism: usize,
     pub properties: ClientProperties,
     /// Scaled-out mode: this instance's name.
@@ -134,6 +138,17 @@ impl KafkaJobArgs {
                 mode_name(self.mode)
             )));
         }
+        let timeout = Duration::from_millis(self.transaction_timeout_ms);
+        let interval = Duration::from_millis(rt.checkpoint_interval_ms);
+        let allowance = Duration::from_millis(self.recovery_allowance_ms);
+        let (checkpoint_timeout, tolerable_failed_checkpoints) = checkpoint_limits(
+            self.mode,
+            timeout,
+            interval,
+            allowance,
+            rt.checkpoint_timeout_ms.map(Duration::from_millis),
+            rt.tolerable_failed_checkpoints,
+        )?;
         let mut properties = ClientProperties::new();
         if let Some(file) = &self.kafka_properties_file {
             properties.load_file(file)?;
@@ -166,9 +181,11 @@ impl KafkaJobArgs {
                 .transactional_id_prefix
                 .clone()
                 .unwrap_or_else(|| format!("onceflow-{job}")),
-            interval: Duration::from_millis(rt.checkpoint_interval_ms),
-            timeout: Duration::from_millis(self.transaction_timeout_ms),
-            allowance: Duration::from_millis(self.recovery_allowance_ms),
+            interval,
+            timeout,
+            allowance,
+            checkpoint_timeout,
+            tolerable_failed_checkpoints,
             parallelism: rt.parallelism,
             properties,
             instance_id: self.instance_id.clone(),
@@ -177,14 +194,74 @@ impl KafkaJobArgs {
             repartition_purge_interval: (self.repartition_purge_interval_ms > 0)
                 .then(|| Duration::from_millis(self.repartition_purge_interval_ms)),
         };
-        if s.mode.is_transactional() {
-            crate::kafka::validate_transaction_timeout(s.timeout, s.interval, s.allowance, None)?;
-        }
         Ok(s)
     }
 }
 
+/// The runtime's checkpoint timeout and tolerable failed checkpoints for a job in `mode`.
+///
+/// In the exactly-once modes a transaction sealed at checkpoint n stays open until a later
+/// checkpoint completes: with f failures in a row tolerated, that is up to
+/// (f + 1) x (interval + checkpoint timeout) after it opened, and a crash then adds the
+/// recovery allowance before the restart commits it. The broker must not abort it before:
+/// `transaction timeout >= (f + 1) x (interval + checkpoint timeout) + allowance`. So f
+/// defaults to 0 there (Flink's `tolerable-failed-checkpoints` default), and the checkpoint
+/// timeout to what the rule leaves, at most the runtime's 60 s. Explicit values are checked
+/// against the rule. The other modes keep the runtime's defaults (60 s, any number).
+pub(crate) fn checkpoint_limits(
+    mode: DeliveryMode,
+    timeout: Duration,
+    interval: Duration,
+    allowance: Duration,
+    checkpoint_timeout: Option<Duration>,
+    tolerable: Option<u32>,
+) -> Result<(Duration, Option<u32>)> {
+    const RUNTIME_DEFAULT: Duration = Duration::from_secs(60);
+    if checkpoint_timeout == Some(Duration::ZERO) {
+        return Err(KafkaError::Config(
+            "--checkpoint-timeout-ms must be positive".into(),
+        ));
+    }
+    if !mode.is_transactional() {
+        return Ok((checkpoint_timeout.unwrap_or(RUNTIME_DEFAULT), tolerable));
+    }
+    // the rule without checkpoint time first: its message names the plain mistake
+    crate::kafka::validate_transaction_timeout(timeout, interval, allowance, None)?;
+    let f = tolerable.unwrap_or(0);
+    let rounds = f + 1;
+    let checkpoint_timeout = match checkpoint_timeout {
+        Some(t) => t,
+        None => {
+            let per_round = timeout.saturating_sub(allowance) / rounds;
+            per_round.saturating_sub(interval).min(RUNTIME_DEFAULT)
+        }
+    };
+    let needed = (interval + checkpoint_timeout) * rounds + allowance;
+    if checkpoint_timeout.is_zero() || timeout < needed {
+        return Err(KafkaError::Config(format!(
+            "transaction timeout {} ms must be at least (tolerable failed checkpoints {f} + 1) x (checkpoint interval {} ms + checkpoint timeout {} ms) + recovery allowance {} ms = {} ms: \
+             a pre-committed transaction stays open until a later checkpoint completes, and the broker would abort it first. \
+             Raise --transaction-timeout-ms, or lower --checkpoint-timeout-ms, --tolerable-failed-checkpoints, the interval or the allowance",
+            timeout.as_millis(),
+            interval.as_millis(),
+            checkpoint_timeout.as_millis(),
+            allowance.as_millis(),
+            needed.as_millis(),
+        )));
+    }
+    Ok((checkpoint_timeout, Some(f)))
+}
+
 impl Settings {
+    /// The runtime configuration of job `name` from its runtime flags: theirs, with the
+    /// checkpoint limits of [`checkpoint_limits`].
+    pub(crate) fn job_config(&self, runtime: &JobArgs, name: &str) -> onceflow_runtime::JobConfig {
+        runtime
+            .to_config(name)
+            .checkpoint_timeout(self.checkpoint_timeout)
+            .tolerable_failed_checkpoints(self.tolerable_failed_checkpoints)
+    }
+
     /// The sinks' configuration: output topic, mode, prefix, timeouts and client properties.
     pub(crate) fn sink_config(&self, brokers: &str) -> crate::kafka::KafkaSinkConfig {
         crate::kafka::KafkaSinkConfig::new(brokers.to_string(), self.output.clone())
@@ -255,6 +332,52 @@ mod tests {
         assert_eq!(s.prefix, "onceflow-etl");
         assert_eq!(s.parallelism, 3);
         assert_eq!(s.mode, DeliveryMode::TwoPhaseCommit);
+    }
+
+    #[test]
+    fn exactly_once_modes_bound_checkpoint_time_by_the_transaction_timeout() {
+        let ms = Duration::from_millis;
+        let two_phase = DeliveryMode::TwoPhaseCommit;
+        // the defaults: 60 s transactions, 1 s interval, 30 s allowance leave 29 s a round
+        let (t, f) =
+            checkpoint_limits(two_phase, ms(60_000), ms(1000), ms(30_000), None, None).unwrap();
+        assert_eq!((t, f), (ms(29_000), Some(0)));
+        // two tolerated failures split what is left in three rounds
+        let (t, f) =
+            checkpoint_limits(two_phase, ms(60_000), ms(1000), ms(30_000), None, Some(2)).unwrap();
+        assert_eq!((t, f), (ms(9000), Some(2)));
+        // at most the runtime's 60 s
+        let (t, _) =
+            checkpoint_limits(two_phase, ms(900_000), ms(1000), ms(30_000), None, None).unwrap();
+        assert_eq!(t, ms(60_000));
+        // an explicit timeout the transaction cannot outlive is refused, naming the rule
+        let e = checkpoint_limits(
+            two_phase,
+            ms(60_000),
+            ms(1000),
+            ms(30_000),
+            Some(ms(40_000)),
+            None,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("= 71000 ms"), "{e}");
+        let e = checkpoint_limits(two_phase, ms(60_000), ms(1000), ms(30_000), None, Some(40))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("tolerable failed checkpoints 40"),
+            "{e}"
+        );
+        // the other modes keep the runtime's defaults
+        let (t, f) = checkpoint_limits(
+            DeliveryMode::AtLeastOnce,
+            ms(1000),
+            ms(1000),
+            ms(30_000),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!((t, f), (ms(60_000), None));
     }
 
     #[test]

@@ -282,10 +282,8 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             restore_flag,
         )?;
 
-        let mut config = self
-            .args
-            .runtime
-            .to_config(&self.name)
+        let mut config = s
+            .job_config(&self.args.runtime, &self.name)
             .checkpoint_dir(&checkpoint_dir)
             .restore(started.restore)
             .checkpoint_listener(|ev| {

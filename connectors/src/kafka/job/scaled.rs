@@ -478,10 +478,8 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
 
             let link = OffsetsLink::new();
             link.fence_previous(&instance_cfg, s.parallelism)?;
-            let config = self
-                .args
-                .runtime
-                .to_config(&self.name)
+            let config = s
+                .job_config(&self.args.runtime, &self.name)
                 .checkpoint_dir(checkpoint_dir)
                 .restore(RestoreMode::None)
                 .checkpoint_listener(|ev| {
