@@ -35,7 +35,8 @@
 #   --set KEY=VALUE            an extra server property (repeatable)
 #
 # Environment: KAFKA_HEAP_OPTS (default -Xms256m -Xmx1g), KAFKA_JVM_OPTS (extra JVM flags),
-# KAFKA_LOG_LEVEL (root log level, default WARN), ONCEFLOW_KAFKA_DIR.
+# KAFKA_LOG_LEVEL (stdout log level, default WARN), KAFKA_LOG_FILE (a file that gets the log at
+# KAFKA_FILE_LOG_LEVEL, default INFO), ONCEFLOW_KAFKA_DIR.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

@@ -5,8 +5,8 @@
 //! itself: `apache_kafka::eos_kill9::...` is the kill -9 run on Kafka.
 //!
 //! Every scenario runs under `transaction.version=2` (transactions v2, KIP-890, the 4.x
-//! default); the two kill -9 crash tests run under `transaction.version=0` as well (a 3.x
-//! cluster's rules), in [`transaction_version_0`].
+//! default); the two kill -9 crash tests and the producer-epoch exhaustion run under
+//! `transaction.version=0` as well (a 3.x cluster's rules), in [`transaction_version_0`].
 //!
 //! Run it: `cargo test --test apache_kafka` (Java 17 and Maven; the first run resolves Kafka's
 //! jars into the local Maven repository). Any other end-to-end binary runs against Kafka with
@@ -14,6 +14,8 @@
 
 #[path = "eos_broker_kill.rs"]
 mod eos_broker_kill;
+#[path = "eos_epoch_overflow.rs"]
+mod eos_epoch_overflow;
 #[path = "eos_fencing.rs"]
 mod eos_fencing;
 #[path = "eos_kill9.rs"]
@@ -28,7 +30,13 @@ mod eos_security;
 mod transaction_version_0 {
     use onceflow_testkit::test_broker::with_transaction_version;
 
+    use super::eos_epoch_overflow::epoch_overflow_run;
     use super::eos_kill9::exact_kill_run;
+
+    #[test]
+    fn two_phase_commit_recovers_across_producer_epoch_exhaustion() {
+        with_transaction_version(0, || epoch_overflow_run("eos_epoch_overflow_2pc_tv0"));
+    }
 
     #[test]
     fn two_phase_commit_survives_random_sigkills_exactly_once() {

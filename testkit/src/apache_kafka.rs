@@ -126,6 +126,8 @@ impl KafkaNode {
         for p in &self.options.properties {
             cmd.args(["--set", p]);
         }
+        // Kafka's INFO log, kept with the scenario's other logs (testkit/apache-kafka/log4j2.properties)
+        cmd.env("KAFKA_LOG_FILE", self.dir.join("kafka.out.log"));
         let mut proc = Proc::try_spawn(
             &format!("apache-kafka run {}", self.generation),
             cmd,

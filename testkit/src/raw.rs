@@ -420,3 +420,88 @@ pub fn end_txn(
     )?;
     Ok(resp.error_code)
 }
+
+/// Raises the producer epoch of transactional id `txn_id` to at least `epoch` the way any
+/// client does: InitProducerId for it, again and again, on one connection to its
+/// coordinator. Each call bumps the epoch by one (Kafka's rule: once it is exhausted, near
+/// `i16::MAX`, the coordinator moves the id to a new producer id at epoch 0); returns the
+/// (producer id, epoch) of the last call. Retriable coordinator errors are retried.
+pub fn raise_epoch(bootstrap: &str, txn_id: &str, epoch: i16) -> Result<(i64, i16)> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut c = RawClient::connect(bootstrap)?;
+    let fc = loop {
+        let fc = c.request(
+            &FindCoordinatorRequest::default()
+                .with_key(StrBytes::from_string(txn_id.to_string()))
+                .with_key_type(1),
+            1,
+        )?;
+        match fc.error_code {
+            error_code::NONE => break fc,
+            // the transaction log is still being created or loaded
+            14 | 15 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            code => bail!("FindCoordinator for {txn_id} failed: error {code}"),
+        }
+    };
+    let mut coord = RawClient::connect(format!("{}:{}", fc.host.as_str(), fc.port))?;
+    let req = InitProducerIdRequest::default()
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(
+            txn_id.to_string(),
+        ))))
+        .with_transaction_timeout_ms(60_000);
+    loop {
+        let r = coord.request(&req, 1)?;
+        match r.error_code {
+            error_code::NONE if r.producer_epoch >= epoch => {
+                return Ok((r.producer_id.0, r.producer_epoch))
+            }
+            error_code::NONE => {}
+            // coordinator loading, moved, or the previous transaction still completing
+            14 | 15 | 16 | 51 if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            code => bail!("InitProducerId for {txn_id} failed: error {code}"),
+        }
+    }
+}
+
+/// The coordinator's (producer id, epoch, state) of transactional id `txn_id`
+/// (DescribeTransactions v0).
+pub fn describe_transaction(bootstrap: &str, txn_id: &str) -> Result<(i64, i16, String)> {
+    use kafka_protocol::messages::DescribeTransactionsRequest;
+    let mut c = RawClient::connect(bootstrap)?;
+    let fc = c.request(
+        &FindCoordinatorRequest::default()
+            .with_key(StrBytes::from_string(txn_id.to_string()))
+            .with_key_type(1),
+        1,
+    )?;
+    if fc.error_code != error_code::NONE {
+        bail!(
+            "FindCoordinator for {txn_id} failed: error {}",
+            fc.error_code
+        );
+    }
+    let mut coord = RawClient::connect(format!("{}:{}", fc.host.as_str(), fc.port))?;
+    let r = coord.request(
+        &DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
+            StrBytes::from_string(txn_id.to_string()),
+        )]),
+        0,
+    )?;
+    let s = r
+        .transaction_states
+        .first()
+        .ok_or_else(|| anyhow!("DescribeTransactions for {txn_id}: no state"))?;
+    if s.error_code != error_code::NONE {
+        bail!(
+            "DescribeTransactions for {txn_id} failed: error {}",
+            s.error_code
+        );
+    }
+    Ok((
+        s.producer_id.0,
+        s.producer_epoch,
+        s.transaction_state.to_string(),
+    ))
+}
