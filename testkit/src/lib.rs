@@ -34,6 +34,7 @@ pub mod broker_process;
 pub mod checkpoints;
 pub mod child;
 pub mod clients;
+pub mod differential;
 pub mod eos;
 pub mod inproc;
 pub mod jobs;
