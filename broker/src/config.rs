@@ -25,7 +25,8 @@ pub struct BrokerConfig {
     pub security: SecurityConfig,
     /// Storage settings; `data_dir: None` keeps the logs in memory.
     pub storage: StorageConfig,
-    /// Create unknown topics when Metadata or Produce names them. Default true.
+    /// Create unknown topics when Metadata names them and asks for it (as Kafka, Produce
+    /// never creates a topic). Default true.
     pub auto_create_topics: bool,
     /// Partition count of auto-created topics and of CreateTopics with `num_partitions = -1`.
     pub default_partitions: i32,

@@ -200,6 +200,8 @@ fn a_zstd_bomb_gets_an_error_not_the_brokers_memory() -> Result<()> {
     let broker = InProcessBroker::start(BrokerConfig::default())?;
     let topic = "times-bomb";
     let mut raw = RawClient::connect(broker.addr())?;
+    // Produce never creates a topic: Metadata does.
+    raw.metadata(9, &[topic])?;
     // 64 frames of 64 MiB: 4 GiB once inflated, a few hundred KiB as sent.
     let bomb = zstd_bomb_batch(64, T0)?;
     ensure!(bomb.len() < 1 << 20, "bomb is {} bytes", bomb.len());

@@ -293,8 +293,9 @@ async fn acks_zero_gets_no_response_and_fetch_long_polls() -> Result<()> {
     let broker = onceflow_broker::start(BrokerConfig::default()).await?;
     let mut producer = Raw::connect(&broker).await?;
     let mut consumer = Raw::connect(&broker).await?;
+    // Produce never creates a topic.
+    broker.store().create_topic("lp", 1)?;
 
-    // Create the topic by producing with acks=1.
     let r: ProduceResponse = producer
         .call(
             ApiKey::Produce,
@@ -393,6 +394,7 @@ async fn fetch_respects_partition_and_response_byte_limits() -> Result<()> {
         ..BrokerConfig::default()
     };
     let broker = onceflow_broker::start(config).await?;
+    broker.store().create_topic("limits", 2)?;
     let mut c = Raw::connect(&broker).await?;
     let big = "x".repeat(1000);
     for partition in 0..2 {
@@ -504,6 +506,7 @@ async fn list_offsets_earliest_latest_by_time_and_max_timestamp() -> Result<()> 
     use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
     use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
     let broker = onceflow_broker::start(BrokerConfig::default()).await?;
+    broker.store().create_topic("lo", 1)?;
     let mut c = Raw::connect(&broker).await?;
     // Three batches; record timestamps are 1000 + index within each batch.
     for values in [&["a", "b"][..], &["c"][..], &["d", "e", "f"][..]] {

@@ -69,7 +69,7 @@ struct Args {
     /// HOST:PORT that Metadata returns to clients (default: the bound address).
     #[arg(long)]
     advertised_listener: Option<String>,
-    /// Do not create unknown topics named by Metadata or Produce.
+    /// Do not create unknown topics named by Metadata (Produce never creates topics).
     #[arg(long)]
     no_auto_create_topics: bool,
     /// Partition count of auto-created topics.

@@ -16,7 +16,7 @@ use kafka_protocol::protocol::StrBytes;
 use super::RequestContext;
 use crate::metrics;
 use crate::security::{AclOperation, ResourceType};
-use crate::state::{BrokerState, TopicLookup};
+use crate::state::BrokerState;
 use crate::storage::batch::{self, ProducedBatches};
 use crate::storage::{AppendError, AppendOutcome, Partition, PendingAppend};
 use crate::txn::TxnProduceError;
@@ -64,14 +64,6 @@ pub async fn handle(
         } else {
             None
         };
-        // The hot path: the topic exists, skip the (allocating) lookup.
-        let lookup = if denied.is_some() {
-            TopicLookup::Missing
-        } else if state.partition(name, 0).is_some() {
-            TopicLookup::Exists(0)
-        } else {
-            state.lookup_or_create(name, true)
-        };
         for p in topic.partition_data {
             let target = if let Some(error) = denied {
                 Err((error, format!("not authorized to write to {name}")))
@@ -81,16 +73,13 @@ pub async fn handle(
                     format!("acks must be 0, 1 or -1, got {}", req.acks),
                 ))
             } else {
-                match (&lookup, state.partition(name, p.index)) {
-                    (TopicLookup::InvalidName, _) => Err((
-                        ResponseError::InvalidTopicException,
-                        format!("illegal topic name {name:?}"),
-                    )),
-                    (_, None) => Err((
+                // Produce never creates a topic (Kafka: only Metadata auto-creates).
+                match state.partition(name, p.index) {
+                    None => Err((
                         ResponseError::UnknownTopicOrPartition,
                         format!("no partition {name}-{}", p.index),
                     )),
-                    (_, Some(partition)) => match p.records {
+                    Some(partition) => match p.records {
                         Some(records) => {
                             parse_records(ctx, &partition, records).map(|b| (partition, b))
                         }
