@@ -14,8 +14,6 @@
 
 use std::time::Duration;
 
-use onceflow_testkit::checkpoints::*;
-use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
 use onceflow_testkit::raw::{describe_transaction, raise_epoch};
 use rand::rngs::StdRng;

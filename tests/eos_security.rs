@@ -414,3 +414,77 @@ fn sasl_ssl_two_phase_commit_is_exactly_once_through_sigkills() {
     );
     finish_dir(dir);
 }
+
+/// A job that cannot reach the secured cluster stops with exit code 6 (cluster unreachable)
+/// and one line naming the address and the cause, before any Kafka client is made.
+fn unreachable_run(
+    test: &str,
+    brokers_of: impl Fn(&TestBroker, &str) -> String,
+    props: impl Fn(&Path) -> PathBuf,
+    cause: &str,
+) {
+    let _machine = exclusive();
+    let dir = scenario_dir(test);
+    let (broker, secured, good_props) = secured_broker(dir.path(), &[]);
+    let brokers = brokers_of(&broker, &secured);
+    let props = props(&good_props);
+    let mut args = JobArgs::new("transactional-offsets", dir.path());
+    args.brokers = Some(brokers.clone());
+    args.extra_args = vec![
+        "--kafka-properties-file".into(),
+        props.display().to_string(),
+        "--connect-timeout-ms".into(),
+        "3000".into(),
+    ];
+    let mut job = spawn_job(&brokers, &args, "unreachable");
+    let status = job.wait_exit(Duration::from_secs(8));
+    assert!(
+        status.is_some(),
+        "the job still runs 5 s past its connect timeout\n{}",
+        job.describe()
+    );
+    assert_eq!(status.unwrap().code(), Some(6), "{}", job.describe());
+    let stderr = job.stderr_tail(50);
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    assert!(
+        last.contains("cluster unreachable") && last.contains(&brokers) && last.contains(cause),
+        "the last line does not name {brokers} and `{cause}`: {last}\n{}",
+        job.describe()
+    );
+    assert!(!stderr.contains("librdkafka"), "{}", job.describe());
+    drop(broker);
+    finish_dir(dir);
+}
+
+#[test]
+fn a_wrong_sasl_password_stops_the_job_naming_the_cause() {
+    unreachable_run(
+        "a_wrong_sasl_password_stops_the_job_naming_the_cause",
+        |_, secured| secured.to_string(),
+        |good| {
+            let wrong = good.with_file_name("wrong-password.properties");
+            let text = std::fs::read_to_string(good).expect("client properties");
+            let text = text.replace(
+                &format!("sasl.password={PASSWORD}"),
+                "sasl.password=not-the-password",
+            );
+            std::fs::write(&wrong, text).expect("write properties");
+            wrong
+        },
+        "SASL authentication failed",
+    );
+}
+
+#[test]
+fn tls_to_a_plaintext_port_stops_the_job_naming_the_cause() {
+    unreachable_run(
+        "tls_to_a_plaintext_port_stops_the_job_naming_the_cause",
+        |broker, _| broker.bootstrap().to_string(),
+        |good| good.to_path_buf(),
+        "TLS handshake failed",
+    );
+}

@@ -58,6 +58,10 @@ pub enum KafkaError {
     /// stayed unreachable, for longer than the retry budget ([`retry::COORDINATOR_BUDGET`]).
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
+    /// No bootstrap server answered the start-up connection check within the connect
+    /// timeout; the message names every address and why.
+    #[error("cluster unreachable: {0}")]
+    Unreachable(String),
     /// The producer was fenced by another instance using the same transactional id.
     #[error("fenced: {0}")]
     Fenced(String),

@@ -17,8 +17,12 @@ use crate::kafka::{check_mode_security, ClientProperties, DeliveryMode, KafkaErr
 pub struct KafkaJobArgs {
     /// HOST:PORT of the cluster; without it the job starts the bundled broker in-process
     /// (when built with the `embedded-broker` feature).
-    #[arg(long)]
+    #[arg(long, value_parser = super::reach::parse_brokers)]
     pub brokers: Option<String>,
+    /// How long the start-up connection check tries the bootstrap servers before the job
+    /// stops with exit code 6 (cluster unreachable), naming each address and the cause.
+    #[arg(long, default_value_t = 30_000)]
+    pub connect_timeout_ms: u64,
     /// Input topic (default `<job>-input`).
     #[arg(long)]
     pub input: Option<String>,

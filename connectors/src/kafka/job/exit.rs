@@ -23,6 +23,11 @@ pub mod exit_code {
     /// longer than the retry budget of 120 s (`cluster unavailable: ...`); restarting once
     /// the cluster is back succeeds. See docs/JOBS.md, "When the cluster is away".
     pub const UNAVAILABLE: i32 = 5;
+    /// No bootstrap server answered at start within `--connect-timeout-ms` (`cluster
+    /// unreachable: ...`, naming each address and the cause: name not resolved, connection
+    /// refused, TLS handshake failed, SASL authentication failed). Check `--brokers` and the
+    /// client properties; a restart succeeds once the cluster is reachable.
+    pub const UNREACHABLE: i32 = 6;
     /// A second Ctrl-C: the process exited at once, without a final checkpoint.
     pub const INTERRUPTED: i32 = 130;
 }
@@ -33,6 +38,7 @@ impl KafkaError {
         match self {
             KafkaError::Config(_) => exit_code::CONFIG,
             KafkaError::Unavailable(_) => exit_code::UNAVAILABLE,
+            KafkaError::Unreachable(_) => exit_code::UNREACHABLE,
             KafkaError::Fenced(_) => exit_code::FENCED,
             KafkaError::DataLoss(_) => exit_code::DATA_LOSS,
             KafkaError::Runtime(onceflow_runtime::Error::InvalidJob(_)) => exit_code::CONFIG,

@@ -35,6 +35,7 @@ mod failpoint;
 mod instance;
 mod outputs;
 mod permissions;
+mod reach;
 mod scaled;
 mod startup;
 mod watcher;
@@ -211,6 +212,13 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             .enable_all()
             .build()
             .map_err(|e| KafkaError::Protocol(format!("cannot start a tokio runtime: {e}")))?;
+        if let Some(brokers) = &self.args.brokers {
+            helper.block_on(reach::check(
+                brokers,
+                &s.properties,
+                Duration::from_millis(self.args.connect_timeout_ms),
+            ))?;
+        }
 
         if let (Some(instance), Some(brokers)) = (&s.instance_id, &self.args.brokers) {
             let dir = self.args.runtime.checkpoint_dir.clone().unwrap_or_else(|| {
