@@ -69,13 +69,14 @@ pub const MASKED_FIELDS: &[&str] = &[
     "coordinator_epoch",
 ];
 
-/// A difference a scenario expects: at step `step` ("*" for any), on a line whose field path
-/// contains `field`, for `reason`.
+/// A difference a scenario expects: at step `step` ("*" for any), on a line whose
+/// `field path = line text` contains `field`, for `reason`.
 #[derive(Clone, Copy, Debug)]
 pub struct Expected {
     /// The step's name, or "*".
     pub step: &'static str,
-    /// A substring of the differing line's field path (`responses.partition_responses.error_code`).
+    /// A substring of the differing line's `path = text`
+    /// (`PartitionProduceResponse.error_code = error_code: 3,`).
     pub field: &'static str,
     /// Why: "by design: ..." or "bundled broker bug, open: ...".
     pub reason: &'static str,
@@ -113,6 +114,12 @@ pub struct Session {
 /// Error codes that mean "the coordinator is still loading or has moved; ask again".
 const COORDINATOR_RETRIABLE: &[i16] = &[14, 15, 16];
 
+/// Error codes a freshly started or freshly created resource answers for a while: the
+/// partition's leader not yet serving (NOT_LEADER_OR_FOLLOWER) or the producer id block
+/// still loading (COORDINATOR_LOAD_IN_PROGRESS). Asked again, bounded; a broker that keeps
+/// answering them has the last answer recorded.
+const BOOTSTRAP_RETRIABLE: &[i16] = &[6, 14];
+
 impl Session {
     /// Connects to `bootstrap` for scenario `scenario`.
     pub fn new(bootstrap: &str, scenario: &'static str) -> Result<Session> {
@@ -137,6 +144,7 @@ impl Session {
     }
 
     /// Sends `req` at `version` to the bootstrap broker and records the response as `step`.
+    /// An answer carrying a code of [`BOOTSTRAP_RETRIABLE`] is asked again, bounded.
     pub fn send<R: Request + Debug>(
         &mut self,
         step: &str,
@@ -146,9 +154,38 @@ impl Session {
     where
         R::Response: Debug,
     {
-        let resp = self.client.request(req, version)?;
-        self.api_keys.insert(R::KEY);
-        self.record(step, &resp);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let resp = self.client.request(req, version)?;
+            let rendered = format!("{resp:#?}");
+            let retriable = BOOTSTRAP_RETRIABLE
+                .iter()
+                .any(|c| rendered.contains(&format!("error_code: {c},")));
+            if retriable && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            self.api_keys.insert(R::KEY);
+            self.record(step, &resp);
+            return Ok(resp);
+        }
+    }
+
+    /// Like [`Session::send`], but records `render(response)` instead of the whole response:
+    /// for answers whose order is not meaningful (config entries, API key lists).
+    pub fn send_rendered<R: Request + Debug>(
+        &mut self,
+        step: &str,
+        req: &R,
+        version: i16,
+        render: impl Fn(&R::Response) -> String,
+    ) -> Result<R::Response>
+    where
+        R::Response: Debug,
+    {
+        let resp = self.send(step, req, version)?;
+        let last = self.steps.last_mut().expect("send records a step");
+        last.lines = render(&resp).lines().map(str::to_string).collect();
         Ok(resp)
     }
 
@@ -341,9 +378,10 @@ pub fn compare(bundled: &[Step], kafka: &[Step], expected: &[Expected]) -> Vec<L
             }
         }) {
             let path = ps[idx].clone();
+            let subject = format!("{path} = {}", lines[idx].trim());
             let explained_by = expected
                 .iter()
-                .find(|e| (e.step == "*" || e.step == step) && path.contains(e.field))
+                .find(|e| (e.step == "*" || e.step == step) && subject.contains(e.field))
                 .map(|e| e.reason);
             diffs.push(LineDiff {
                 step: step.clone(),
@@ -417,8 +455,9 @@ impl Outcome {
     }
 }
 
-/// Runs `scenario` against both brokers and compares.
-pub fn run(scenario: &Scenario, bundled: &str, kafka: &str) -> Outcome {
+/// Runs `scenario` against both brokers and compares; `common` are differences every
+/// scenario may show (a field the bundled broker renders differently in every answer).
+pub fn run(scenario: &Scenario, common: &[Expected], bundled: &str, kafka: &str) -> Outcome {
     let side = |addr: &str| -> Result<(Vec<Step>, BTreeSet<i16>)> {
         let mut s = Session::new(addr, scenario.name)?;
         (scenario.run)(&mut s)?;
@@ -428,7 +467,7 @@ pub fn run(scenario: &Scenario, bundled: &str, kafka: &str) -> Outcome {
         (Ok((b, api_keys)), Ok((k, _))) => Outcome {
             name: scenario.name,
             steps: b.len().max(k.len()),
-            diffs: compare(&b, &k, scenario.expected),
+            diffs: compare(&b, &k, &[scenario.expected, common].concat()),
             failure: None,
             api_keys,
         },
@@ -469,7 +508,7 @@ mod tests {
     fn differences_carry_paths_and_reasons() {
         let a = Step { name: "s".into(), lines: normalize("X {\n    topics: [\n        T {\n            error_code: 0,\n        },\n    ],\n}") };
         let b = Step { name: "s".into(), lines: normalize("X {\n    topics: [\n        T {\n            error_code: 3,\n        },\n    ],\n}") };
-        let d = compare(&[a.clone()], &[b.clone()], &[]);
+        let d = compare(std::slice::from_ref(&a), std::slice::from_ref(&b), &[]);
         assert_eq!(d.len(), 2);
         assert_eq!(d[0].path, "X.topics.T.error_code");
         let e = [Expected {
