@@ -399,17 +399,7 @@ pub fn end_txn(
     epoch: i16,
     commit: bool,
 ) -> Result<i16> {
-    let mut c = RawClient::connect(bootstrap)?;
-    let fc = c.request(
-        &FindCoordinatorRequest::default()
-            .with_key(StrBytes::from_string(txn_id.to_string()))
-            .with_key_type(1),
-        1,
-    )?;
-    if fc.error_code != error_code::NONE {
-        bail!("FindCoordinator failed: error {}", fc.error_code);
-    }
-    let mut coord = RawClient::connect(format!("{}:{}", fc.host.as_str(), fc.port))?;
+    let mut coord = txn_coordinator(bootstrap, txn_id, Duration::ZERO)?;
     let resp = coord.request(
         &EndTxnRequest::default()
             .with_transactional_id(TransactionalId(StrBytes::from_string(txn_id.to_string())))
@@ -428,22 +418,7 @@ pub fn end_txn(
 /// (producer id, epoch) of the last call. Retriable coordinator errors are retried.
 pub fn raise_epoch(bootstrap: &str, txn_id: &str, epoch: i16) -> Result<(i64, i16)> {
     let deadline = Instant::now() + Duration::from_secs(600);
-    let mut c = RawClient::connect(bootstrap)?;
-    let fc = loop {
-        let fc = c.request(
-            &FindCoordinatorRequest::default()
-                .with_key(StrBytes::from_string(txn_id.to_string()))
-                .with_key_type(1),
-            1,
-        )?;
-        match fc.error_code {
-            error_code::NONE => break fc,
-            // the transaction log is still being created or loaded
-            14 | 15 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            code => bail!("FindCoordinator for {txn_id} failed: error {code}"),
-        }
-    };
-    let mut coord = RawClient::connect(format!("{}:{}", fc.host.as_str(), fc.port))?;
+    let mut coord = txn_coordinator(bootstrap, txn_id, Duration::from_secs(600))?;
     let req = InitProducerIdRequest::default()
         .with_transactional_id(Some(TransactionalId(StrBytes::from_string(
             txn_id.to_string(),
@@ -469,20 +444,7 @@ pub fn raise_epoch(bootstrap: &str, txn_id: &str, epoch: i16) -> Result<(i64, i1
 /// (DescribeTransactions v0).
 pub fn describe_transaction(bootstrap: &str, txn_id: &str) -> Result<(i64, i16, String)> {
     use kafka_protocol::messages::DescribeTransactionsRequest;
-    let mut c = RawClient::connect(bootstrap)?;
-    let fc = c.request(
-        &FindCoordinatorRequest::default()
-            .with_key(StrBytes::from_string(txn_id.to_string()))
-            .with_key_type(1),
-        1,
-    )?;
-    if fc.error_code != error_code::NONE {
-        bail!(
-            "FindCoordinator for {txn_id} failed: error {}",
-            fc.error_code
-        );
-    }
-    let mut coord = RawClient::connect(format!("{}:{}", fc.host.as_str(), fc.port))?;
+    let mut coord = txn_coordinator(bootstrap, txn_id, Duration::ZERO)?;
     let r = coord.request(
         &DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
             StrBytes::from_string(txn_id.to_string()),
@@ -504,4 +466,27 @@ pub fn describe_transaction(bootstrap: &str, txn_id: &str) -> Result<(i64, i16, 
         s.producer_epoch,
         s.transaction_state.to_string(),
     ))
+}
+
+/// A connection to the transaction coordinator of `txn_id` (FindCoordinator at `bootstrap`),
+/// waiting up to `patience` while the transaction log is created or loaded.
+pub fn txn_coordinator(bootstrap: &str, txn_id: &str, patience: Duration) -> Result<RawClient> {
+    let deadline = Instant::now() + patience;
+    let mut c = RawClient::connect(bootstrap)?;
+    loop {
+        let fc = c.request(
+            &FindCoordinatorRequest::default()
+                .with_key(StrBytes::from_string(txn_id.to_string()))
+                .with_key_type(1),
+            1,
+        )?;
+        match fc.error_code {
+            error_code::NONE => {
+                return RawClient::connect(format!("{}:{}", fc.host.as_str(), fc.port))
+            }
+            // COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE
+            14 | 15 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            code => bail!("FindCoordinator for {txn_id} failed: error {code}"),
+        }
+    }
 }
