@@ -14,6 +14,8 @@
 //!   (`ONCEFLOW_TEST_BROKER`), behind one type that the end-to-end tests use.
 //! - [`inproc`]: the broker in-process, on the test's runtime or on a private one.
 //! - [`raw`]: a raw Kafka-protocol client over a blocking socket (kafka-protocol crate).
+//! - [`differential`]: the same raw request sequences against the bundled broker and Apache
+//!   Kafka, responses normalized and compared field by field (`tests/differential.rs`).
 //! - [`records`]: deterministic test records, an idempotent producer that records every
 //!   delivery report, a reader that checks every record detail.
 //! - [`clients`]: rdkafka transactional and plain producers, assigned consumers with an
