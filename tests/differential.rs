@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
 use kafka_protocol::messages::alter_configs_request::{AlterConfigsResource, AlterableConfig};
 use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
@@ -38,14 +38,13 @@ use kafka_protocol::messages::txn_offset_commit_request::{
 };
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Request, StrBytes};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
 use onceflow_testkit::apache_kafka::{KafkaNode, KafkaOptions};
 use onceflow_testkit::broker_process::{BrokerProcess, Storage};
 use onceflow_testkit::differential::{bytes, kafka_protocol};
 use onceflow_testkit::differential::{run, Expected, Scenario, Session};
-use onceflow_testkit::raw::{decode_values, idempotent_batch, topic_name, RawClient};
+use onceflow_testkit::raw::{
+    decode_values, idempotent_batch, topic_name, transactional_batch, RawClient,
+};
 
 // Versions every scenario speaks: ones both brokers accept (the bundled broker's minimums are
 // the first flexible versions, or those with the fields exactly-once needs).
@@ -159,39 +158,11 @@ fn batch(
     values: &[&str],
     transactional: bool,
 ) -> Result<Bytes> {
-    if !transactional {
-        return idempotent_batch(pid, epoch, base_sequence, values);
+    if transactional {
+        transactional_batch(pid, epoch, base_sequence, values)
+    } else {
+        idempotent_batch(pid, epoch, base_sequence, values)
     }
-    let records: Vec<Record> = values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| Record {
-            transactional: true,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: pid,
-            producer_epoch: epoch,
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            sequence: base_sequence + i as i32,
-            timestamp: 1_700_000_000_000 + i as i64,
-            key: None,
-            value: Some(Bytes::copy_from_slice(v.as_bytes())),
-            headers: Default::default(),
-        })
-        .collect();
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .map_err(|e| anyhow!("encode batch: {e}"))?;
-    Ok(buf.freeze())
 }
 
 fn fetch_req(topic: &str, partition: i32, offset: i64, isolation: i8) -> FetchRequest {

@@ -15,9 +15,6 @@ use kafka_protocol::messages::{
     ProducerId, TransactionalId,
 };
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
 use onceflow_testkit::broker_process::{BrokerProcess, Storage};
 use onceflow_testkit::raw::{decode_values, end_txn, error_code, idempotent_batch, topic_name};
 use onceflow_testkit::raw::{RawClient, Versions};
@@ -32,36 +29,7 @@ fn s(v: &str) -> StrBytes {
 
 /// One transactional RecordBatch v2 of producer `pid`/`epoch` from sequence `seq`.
 fn txn_batch(pid: i64, epoch: i16, seq: i32, values: &[&str]) -> Result<Bytes> {
-    let records: Vec<Record> = values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| Record {
-            transactional: true,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: -1,
-            producer_id: pid,
-            producer_epoch: epoch,
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            sequence: seq + i as i32,
-            timestamp: 1_700_000_000_000 + i as i64,
-            key: Some(Bytes::from(format!("k{i}"))),
-            value: Some(Bytes::copy_from_slice(v.as_bytes())),
-            headers: Default::default(),
-        })
-        .collect();
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .map_err(|e| anyhow::anyhow!("encode batch: {e}"))?;
-    Ok(buf.freeze())
+    onceflow_testkit::raw::transactional_batch(pid, epoch, seq, values)
 }
 
 /// Two batches back to back in one partition's records field.

@@ -337,11 +337,31 @@ pub fn idempotent_batch(
     base_sequence: i32,
     values: &[&str],
 ) -> Result<Bytes> {
+    record_batch(pid, epoch, base_sequence, values, false)
+}
+
+/// [`idempotent_batch`] inside a transaction (the batch's transactional flag set).
+pub fn transactional_batch(
+    pid: i64,
+    epoch: i16,
+    base_sequence: i32,
+    values: &[&str],
+) -> Result<Bytes> {
+    record_batch(pid, epoch, base_sequence, values, true)
+}
+
+fn record_batch(
+    pid: i64,
+    epoch: i16,
+    base_sequence: i32,
+    values: &[&str],
+    transactional: bool,
+) -> Result<Bytes> {
     let records: Vec<Record> = values
         .iter()
         .enumerate()
         .map(|(i, v)| Record {
-            transactional: false,
+            transactional,
             control: false,
             delete_horizon: false,
             partition_leader_epoch: -1,
