@@ -102,7 +102,7 @@ pub fn create(
         }
     } else if !valid.is_empty() {
         for b in &valid {
-            tracing::info!(principal = ctx.principal(), acl = %b.to_line(), "ACL created");
+            tracing::info!(principal = ctx.principal(), acl = ?b.to_line(), "ACL created");
         }
     }
     CreateAclsResponse::default().with_results(results)
@@ -260,7 +260,7 @@ pub fn delete(
                     .unwrap_or_default()
                     .into_iter()
                     .map(|b| {
-                        tracing::info!(principal = ctx.principal(), acl = %b.to_line(), "ACL deleted");
+                        tracing::info!(principal = ctx.principal(), acl = ?b.to_line(), "ACL deleted");
                         DeleteAclsMatchingAcl::default()
                             .with_resource_type(b.resource_type.code())
                             .with_resource_name(StrBytes::from_string(b.name))

@@ -6,10 +6,9 @@
 //! the resource by Literal name, Literal `*` or Prefixed) and no DENY binding matches
 //! (`All` and the operation itself). No matching binding: denied.
 //!
-//! In durable mode the bindings live in `<data-dir>/acls`: a header line
-//! `onceflow-acls v1 crc32c=XXXXXXXX` (CRC32C of the rest) followed by ACL-file lines,
-//! replaced atomically (temporary file, fsync, rename, fsync of the directory) on every
-//! change. A file whose checksum does not match refuses the start.
+//! In durable mode the bindings live in `<data-dir>/acls` (format: [`super::acl_store`]),
+//! replaced atomically on every change. A file whose checksum does not match refuses the
+//! start.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -18,12 +17,11 @@ use std::path::{Path, PathBuf};
 use parking_lot::RwLock;
 
 use super::acl::{parse_acl_lines, AclBinding, AclFilter, AclOperation, Permission, ResourceType};
+use super::acl_store;
 use crate::error::{BrokerError, Result};
 
 /// File name of the persisted bindings in the data directory.
 pub const ACLS_FILE: &str = "acls";
-
-const HEADER_PREFIX: &str = "onceflow-acls v1 crc32c=";
 
 /// Decides requests and stores the bindings.
 #[derive(Debug)]
@@ -50,8 +48,11 @@ impl Authorizer {
         }
         let mut bindings = BTreeSet::new();
         let store = data_dir.map(|d| d.join(ACLS_FILE));
+        let mut outdated_store = false;
         if let Some(path) = &store {
-            bindings.extend(read_store(path)?);
+            let stored = acl_store::read(path)?;
+            outdated_store = stored.outdated;
+            bindings.extend(stored.bindings);
         }
         let mut from_file = 0;
         if let Some(path) = acl_file {
@@ -67,7 +68,7 @@ impl Authorizer {
             bindings: RwLock::new(bindings),
             store,
         };
-        if from_file > 0 {
+        if from_file > 0 || outdated_store {
             authorizer.persist(&authorizer.bindings.read())?;
         }
         tracing::info!(
@@ -214,66 +215,11 @@ impl Authorizer {
     }
 
     fn persist(&self, bindings: &BTreeSet<AclBinding>) -> Result<()> {
-        let Some(path) = &self.store else {
-            return Ok(());
-        };
-        let body: String = bindings.iter().map(|b| b.to_line() + "\n").collect();
-        let text = format!(
-            "{HEADER_PREFIX}{:08x}\n{body}",
-            crate::crc32c(body.as_bytes())
-        );
-        write_atomically(path, text.as_bytes()).map_err(|source| BrokerError::Io {
-            context: format!("writing ACLs to {}", path.display()),
-            source,
-        })
-    }
-}
-
-fn read_store(path: &Path) -> Result<Vec<AclBinding>> {
-    let text = match std::fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(BrokerError::Io {
-                context: format!("reading ACLs from {}", path.display()),
-                source,
-            })
+        match &self.store {
+            Some(path) => acl_store::write(path, bindings),
+            None => Ok(()),
         }
-    };
-    let corrupt = |why: &str| {
-        BrokerError::Config(format!(
-            "ACL store {} is corrupt ({why}); restore it from a backup or remove it and recreate the ACLs",
-            path.display()
-        ))
-    };
-    let text = String::from_utf8(text).map_err(|_| corrupt("not UTF-8"))?;
-    let (header, body) = text.split_once('\n').ok_or_else(|| corrupt("no header"))?;
-    let crc = header
-        .strip_prefix(HEADER_PREFIX)
-        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-        .ok_or_else(|| corrupt("bad header"))?;
-    if crate::crc32c(body.as_bytes()) != crc {
-        return Err(corrupt("checksum mismatch"));
     }
-    parse_acl_lines(body).map_err(|e| corrupt(&e))
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("tmp");
-    {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! connection, as Kafka does.
 
 pub mod acl;
+pub mod acl_store;
 pub mod authorizer;
 pub mod listener;
 pub use onceflow_scram as scram;
