@@ -261,7 +261,7 @@ fn kill_row(n: u64) -> Moved {
     both(&mut b);
     let _ = b.wait_line(Duration::from_secs(60), |l| l.ends_with("committed"));
     let moved: BTreeSet<i32> = owned_partitions(&b).into_iter().collect();
-    let restored_before = scrape(pa, "onceflow_restore_records_total");
+    let restored_before = scrape(pa, "onceflow_scale_restore_records_total");
     let restore_s_before = scrape(pa, "onceflow_restore_seconds_sum");
     b.kill9();
     let killed = Instant::now();
@@ -285,7 +285,7 @@ fn kill_row(n: u64) -> Moved {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let restored_records = scrape(pa, "onceflow_restore_records_total") - restored_before;
+    let restored_records = scrape(pa, "onceflow_scale_restore_records_total") - restored_before;
     let restore_s = scrape(pa, "onceflow_restore_seconds_sum") - restore_s_before;
     producer.join().expect("input producer");
     let _ = wait_complete(&bootstrap, &base, &data, Duration::from_secs(300));
@@ -340,8 +340,8 @@ fn restart_rows(n: u64, keys: u32) -> (Vec<Restart>, bool) {
         let _ = a.wait_line(Duration::from_secs(300), |l| l.ends_with("complete"));
         rows.push(Restart {
             what,
-            from_changelog: scrape(port, "onceflow_restore_records_total"),
-            from_cache: scrape(port, "onceflow_restore_cached_records_total"),
+            from_changelog: scrape(port, "onceflow_scale_restore_records_total"),
+            from_cache: scrape(port, "onceflow_scale_restore_cached_records_total"),
             restore_s: scrape(port, "onceflow_restore_seconds_sum"),
         });
         a.stop_gracefully(Duration::from_secs(60));

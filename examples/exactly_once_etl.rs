@@ -27,7 +27,7 @@ struct Args {
     #[command(flatten)]
     kafka: KafkaJobArgs,
     /// Embedded mode: demo records generated per second.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, env = "ONCEFLOW_DEMO_RATE")]
     demo_rate: u64,
 }
 

@@ -1,6 +1,8 @@
 //! The broker is killed with -9 and restarted on the same data dir and port under a running
 //! job (twice, with a kill -9 of the job in between); the job must ride through each broker
-//! restart without exiting, and the output stays exactly-once.
+//! restart without exiting, and the output stays exactly-once. Its probes follow: `/readyz`
+//! turns unready while the broker is away (no checkpoint completes) and ready again once a
+//! checkpoint completed after the restart; `/healthz` answers throughout.
 //!
 //! And network drops: every client talks to the broker through a TCP proxy (the broker
 //! advertises it) that cuts all connections, or partitions the network for up to 3 s, six
@@ -20,6 +22,7 @@ use onceflow_testkit::checkpoints::*;
 use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
+use onceflow_testkit::http;
 use onceflow_testkit::proxy::Proxy;
 use onceflow_testkit::test_broker::TestBroker;
 use rand::rngs::StdRng;
@@ -38,7 +41,14 @@ fn broker_kill_run(test: &str, mode: &str) {
     let _machine = exclusive();
     let seed = seed(test);
     let dir = scenario_dir(test);
-    let args = JobArgs::new(mode, dir.path());
+    let mut args = JobArgs::new(mode, dir.path());
+    let probes = http::free_port();
+    args.extra_args = vec![
+        "--metrics-listen".into(),
+        format!("127.0.0.1:{probes}"),
+        "--ready-checkpoint-age-ms".into(),
+        READY_BOUND_MS.to_string(),
+    ];
     let n = env_u64("ONCEFLOW_EOS_BROKER_KILL_RECORDS", 40_000);
     let (mut broker, data) = setup(dir.path(), &args, n, seed);
     let bootstrap = broker.bootstrap().to_string();
@@ -74,7 +84,15 @@ fn broker_kill_run(test: &str, mode: &str) {
         std::thread::sleep(Duration::from_millis(rng.random_range(200..1500)));
         let before = last_committed(&job.lines());
         kill9_broker(&mut broker);
-        std::thread::sleep(Duration::from_millis(rng.random_range(300..2000)));
+        // the broker stays away until the job says it is not ready (no checkpoint can
+        // complete without it), and a little longer
+        wait_probe(&mut job, probes, "/readyz", 503, "while the broker is away");
+        assert_eq!(
+            http::get(probes, "/healthz").0,
+            200,
+            "/healthz while the broker is away"
+        );
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
         broker.restart_same_port().expect("broker restarts");
         assert_eq!(
             broker.bootstrap(),
@@ -82,6 +100,13 @@ fn broker_kill_run(test: &str, mode: &str) {
             "restarted on another address"
         );
         committed_after(&mut job, &broker, before, &format!("broker restart {k}"));
+        wait_probe(
+            &mut job,
+            probes,
+            "/readyz",
+            200,
+            "after the broker came back",
+        );
         eprintln!(
             "[eos] {test}: broker restart {k}: the job rode through (committed {:?})",
             last_committed(&job.lines())
@@ -115,6 +140,30 @@ fn broker_kill_run(test: &str, mode: &str) {
     );
     drop(broker);
     finish_dir(dir);
+}
+
+/// `/readyz` turns unready once the last checkpoint is older than this.
+const READY_BOUND_MS: u64 = 2_000;
+
+/// Polls `path` on the job's listener until it answers `status`; fails once the job exits or
+/// after [`START_TIMEOUT`] (a bound against a probe that never changes, not a verdict by time).
+fn wait_probe(job: &mut Proc, port: u16, path: &str, status: u16, when: &str) {
+    let polling = Instant::now();
+    loop {
+        let answer = http::try_get(port, path);
+        if let Ok((code, _)) = &answer {
+            if *code == status {
+                return;
+            }
+        }
+        assert!(
+            polling.elapsed() < START_TIMEOUT && job.try_status().is_none(),
+            "{path} did not answer {status} {when} within {START_TIMEOUT:?}; last answer {answer:?} (job status {:?})\n{}",
+            job.try_status(),
+            job.describe()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]

@@ -12,6 +12,7 @@ use onceflow_testkit::bins::*;
 use onceflow_testkit::child::Proc;
 use onceflow_testkit::clients::*;
 use onceflow_testkit::eos::*;
+use onceflow_testkit::http;
 use onceflow_testkit::test_broker::TestBroker;
 
 /// Runs the job with `interval_ms` / `timeout_ms` against a fresh broker started with
@@ -116,10 +117,7 @@ fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
     let mut args = JobArgs::new("two-phase-commit", dir.path());
     let (broker, data) = setup(dir.path(), &args, 3_000, seed(test));
     let bootstrap = broker.bootstrap().to_string();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
+    let port = http::free_port();
     args.extra_args = vec!["--metrics-listen".into(), format!("127.0.0.1:{port}")];
     let producer = produce_paced(
         &bootstrap,
@@ -138,6 +136,12 @@ fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
         job.describe()
     );
     producer.join().expect("input producer");
+    // the probes and the router: ready once started, 404 elsewhere
+    assert_eq!(http::get(port, "/healthz"), (200, "ok\n".to_string()));
+    let (status, why) = http::get(port, "/readyz");
+    assert_eq!(status, 200, "/readyz of a running job: {why}");
+    assert!(why.starts_with("ready: "), "{why}");
+    assert_eq!(http::get(port, "/no-such-path").0, 404);
     // Gauges such as the consumer lag are set by the job's own loops (the lag at most once a
     // second, once the partition ends are known): poll until every series is there, bounded
     // only against a job that never reports them.
@@ -160,6 +164,7 @@ fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
             "negative consumer lag: {lag:?}\n{body}"
         );
         if missing.is_empty() && lag.len() >= 4 {
+            assert_exposition_conventions(&body);
             break;
         }
         assert!(
@@ -176,6 +181,50 @@ fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
     finish_dir(dir);
 }
 
+/// Every metric has `# HELP` and `# TYPE`; durations are histograms (buckets, not the
+/// quantiles of a summary, so the instances of a scaled-out job aggregate); names are in base
+/// units under one `onceflow_` scheme.
+fn assert_exposition_conventions(body: &str) {
+    let typed: Vec<(&str, &str)> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    assert!(!typed.is_empty(), "no # TYPE lines\n{body}");
+    for (name, kind) in &typed {
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with(&format!("# HELP {name} "))),
+            "{name} has no # HELP\n{body}"
+        );
+        assert!(
+            name.starts_with("onceflow_"),
+            "{name}: not in the onceflow_ scheme"
+        );
+        assert_ne!(
+            *kind, "summary",
+            "{name} is a summary: durations must be histograms"
+        );
+        if DURATIONS.contains(name) {
+            assert_eq!(*kind, "histogram", "{name}");
+        }
+        assert!(!name.contains("micro"), "{name}: not in base units");
+    }
+    assert!(
+        body.contains("onceflow_kafka_txn_commit_seconds_bucket{"),
+        "no commit latency buckets\n{body}"
+    );
+    assert!(!body.contains("quantile=\""), "quantiles served\n{body}");
+}
+
+/// Durations that must be histograms.
+const DURATIONS: &[&str] = &[
+    "onceflow_checkpoint_duration_seconds",
+    "onceflow_alignment_seconds",
+    "onceflow_kafka_txn_commit_seconds",
+    "onceflow_kafka_output_latency_seconds",
+];
+
 /// Series the metrics endpoint must serve.
 const METRICS: &[&str] = &[
     "onceflow_kafka_txn_commit_seconds",
@@ -189,20 +238,16 @@ const METRICS: &[&str] = &[
     "onceflow_alignment_seconds",
     "onceflow_records_in_total",
     "onceflow_records_out_total",
+    "onceflow_kafka_output_latency_seconds",
+    "onceflow_last_checkpoint_completed_timestamp_seconds",
+    "onceflow_busy_seconds",
 ];
 
-/// A plain HTTP/1.0 GET on 127.0.0.1:`port`; the body.
+/// The body of a GET that must answer 200.
 fn http_get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to metrics");
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("request");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("response");
-    assert!(out.starts_with("HTTP/1."), "not an HTTP response: {out}");
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    let (status, body) = http::get(port, path);
+    assert_eq!(status, 200, "GET {path}: {body}");
+    body
 }
 
 /// Bad input: the group's offsets name a checkpoint the checkpoint directory does not hold
@@ -299,21 +344,27 @@ fn kafka_properties_reach_the_clients_and_secrets_never_print() {
     produce_all(broker.bootstrap(), &args.input, &data);
     const SECRET: &str = "pa55-never-in-logs-7f3a";
     let props = dir.path().join("client.properties");
-    std::fs::write(
-        &props,
-        format!("# test credentials\nsasl.username=onceflow\nsasl.password={SECRET}\n"),
-    )
-    .expect("write properties file");
-    args.extra_args = vec![
-        "--kafka-properties-file".into(),
-        props.display().to_string(),
-        "--kafka-property".into(),
-        "client.rack=rack-7".into(),
-        "--max-records".into(),
-        data.records.len().to_string(),
+    std::fs::write(&props, "# test credentials\nsasl.username=onceflow\n")
+        .expect("write properties file");
+    args.extra_args = vec!["--kafka-property".into(), "client.rack=rack-7".into()];
+    // flags and secrets from the environment: the file's name, a property (the password, as
+    // a Kubernetes secret would set it), and a job flag
+    args.env = vec![
+        // debug level: the most a user would turn on while chasing a problem
+        ("RUST_LOG".into(), "debug".into()),
+        (
+            "ONCEFLOW_KAFKA_PROPERTIES_FILE".into(),
+            props.display().to_string(),
+        ),
+        (
+            "ONCEFLOW_KAFKA_PROPERTY_SASL_PASSWORD".into(),
+            SECRET.into(),
+        ),
+        (
+            "ONCEFLOW_MAX_RECORDS".into(),
+            data.records.len().to_string(),
+        ),
     ];
-    // debug level: the most a user would turn on while chasing a problem
-    args.env = vec![("RUST_LOG".into(), "debug".into())];
     let mut job = spawn_job(broker.bootstrap(), &args, "properties");
     let status = job.wait_exit(STOP_TIMEOUT);
     assert!(

@@ -85,3 +85,45 @@ fn a_name_that_does_not_resolve_stops_the_job_naming_it() {
     let (mut job, _dir) = run_against("eos_reach_unresolved", "nosuchhost.invalid:9092");
     assert_stops(&mut job, 6, "nosuchhost.invalid:9092: name not resolved");
 }
+
+/// Every flag can come from an `ONCEFLOW_*` variable, `--help` names it, and a bad value
+/// from the environment is refused like the same flag (exit 2, naming the entry).
+#[test]
+fn flags_come_from_the_environment_and_help_names_each_variable() {
+    let job = &onceflow_testkit::bins::bins().job;
+    let help = std::process::Command::new(job)
+        .arg("--help")
+        .output()
+        .expect("run --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    let flags: Vec<&str> = help
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("--"))
+        .filter_map(|l| l.split([' ', '=']).next())
+        .filter(|f| *f != "help")
+        .collect();
+    assert!(flags.len() > 20, "flags in --help: {flags:?}\n{help}");
+    for flag in &flags {
+        let var = format!("ONCEFLOW_{}", flag.to_ascii_uppercase().replace('-', "_"));
+        let var = if var == "ONCEFLOW_KAFKA_PROPERTY" {
+            // repeatable: one variable per property instead
+            "ONCEFLOW_KAFKA_PROPERTY_<NAME>".to_string()
+        } else {
+            format!("[env: {var}=")
+        };
+        assert!(
+            help.contains(&var),
+            "--help does not name {var} for --{flag}\n{help}"
+        );
+    }
+    let out = std::process::Command::new(job)
+        .env("ONCEFLOW_BROKERS", "notaport")
+        .output()
+        .expect("run the job");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`notaport` is not HOST:PORT"),
+        "the refusal does not name the entry: {stderr}"
+    );
+}

@@ -25,38 +25,38 @@ impl FromStr for RestoreMode {
 #[derive(Debug, Clone, clap::Args)]
 pub struct JobArgs {
     /// Subtasks per operator.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, env = "ONCEFLOW_PARALLELISM")]
     pub parallelism: usize,
     /// Number of key groups (keep it fixed over the life of a job).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, env = "ONCEFLOW_MAX_PARALLELISM")]
     pub max_parallelism: usize,
     /// Directory of durable checkpoints (none: no recovery).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_CHECKPOINT_DIR")]
     pub checkpoint_dir: Option<PathBuf>,
     /// Checkpoint interval in milliseconds (0: only the final checkpoint).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, env = "ONCEFLOW_CHECKPOINT_INTERVAL_MS")]
     pub checkpoint_interval_ms: u64,
     /// A checkpoint that has not completed after this many ms fails (default 60000).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_CHECKPOINT_TIMEOUT_MS")]
     pub checkpoint_timeout_ms: Option<u64>,
     /// Checkpoints that may fail in a row before the job fails (default: any number).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_TOLERABLE_FAILED_CHECKPOINTS")]
     pub tolerable_failed_checkpoints: Option<u32>,
     /// Complete checkpoints to keep.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, env = "ONCEFLOW_RETAINED_CHECKPOINTS")]
     pub retained_checkpoints: usize,
     /// A subtask snapshot up to this many bytes is kept inside the checkpoint's `_metadata`
     /// instead of a file of its own (0: every snapshot gets a file).
-    #[arg(long, default_value_t = DEFAULT_STATE_INLINE_THRESHOLD)]
+    #[arg(long, default_value_t = DEFAULT_STATE_INLINE_THRESHOLD, env = "ONCEFLOW_STATE_INLINE_THRESHOLD_BYTES")]
     pub state_inline_threshold_bytes: usize,
     /// Where to restore from: `latest`, `none` or a checkpoint id (default: latest when a
     /// checkpoint directory is given).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_RESTORE")]
     pub restore: Option<RestoreMode>,
     /// With `--restore latest`: if the newest complete checkpoint does not verify, restore the
     /// newest older one that does. Output written after that older checkpoint is written
     /// again (without this flag the job fails, naming both checkpoints).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_RESTORE_OLDER_REPEATING_OUTPUT")]
     pub restore_older_repeating_output: bool,
 }
 

@@ -24,6 +24,7 @@
 //!   reporting `EVENT` lines, kills at reported events.
 //! - [`eos`]: the exactly-once harness: input dataset, record-by-record output checker, the
 //!   example job `exactly_once_etl` run to completion across faults.
+//! - [`http`]: GET on a job's `/metrics`, `/healthz` and `/readyz`; a free loopback port.
 //! - [`proxy`]: a TCP proxy that cuts connections or partitions the network.
 //! - [`checkpoints`]: what a job's checkpoint directory says a restart will do.
 //! - [`python`]: the kafka-python client runner.
@@ -38,6 +39,7 @@ pub mod child;
 pub mod clients;
 pub mod differential;
 pub mod eos;
+pub mod http;
 pub mod inproc;
 pub mod jobs;
 pub mod proxy;

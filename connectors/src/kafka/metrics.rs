@@ -1,4 +1,6 @@
-//! Metric names of the Kafka connectors (Prometheus through the `metrics` facade).
+//! Metric names of the Kafka connectors (Prometheus through the `metrics` facade), their
+//! catalogue, and the recorder a Kafka job installs: every metric of the job described
+//! (`# HELP`), durations as histograms with buckets chosen per metric.
 
 /// Histogram: seconds from commit request to commit done, label `mode`.
 pub const TXN_COMMIT_SECONDS: &str = "onceflow_kafka_txn_commit_seconds";
@@ -15,6 +17,11 @@ pub const PRE_COMMIT_DRAIN_SECONDS: &str = "onceflow_kafka_pre_commit_drain_seco
 pub const TXN_OPEN_AGE_SECONDS: &str = "onceflow_kafka_txn_open_age_seconds";
 /// Gauge: the configured transaction timeout in seconds (compare with the open age).
 pub const TXN_TIMEOUT_SECONDS: &str = "onceflow_kafka_txn_timeout_seconds";
+/// Histogram: seconds from a transaction's start to its commit: how long the oldest record
+/// of each committed transaction waited before read_committed readers could see it.
+pub const OUTPUT_LATENCY_SECONDS: &str = "onceflow_kafka_output_latency_seconds";
+/// Counter: records written to the dead-letter topic (`<output>.dlq`).
+pub const DEAD_LETTERS: &str = "onceflow_kafka_dead_letters_total";
 /// Histogram: records per committed transaction.
 pub const RECORDS_PER_TXN: &str = "onceflow_kafka_records_per_txn";
 /// Counter: fencing events (ids fenced at recovery, `kind=recovery`; this producer fenced,
@@ -42,3 +49,163 @@ pub const PERMISSIONS_MISSING: &str = "onceflow_kafka_permissions_missing";
 /// Counter: coordinator calls retried after a retriable error (coordinator loading, moved or
 /// unavailable, a concurrent transaction, a timeout or a dropped connection), label `call`.
 pub const COORDINATOR_RETRIES: &str = "onceflow_kafka_coordinator_retries_total";
+
+use onceflow_runtime::metrics::{MetricDef, MetricKind, DURATION_BUCKETS, WAIT_BUCKETS};
+
+/// Buckets for transaction sizes in records.
+const RECORD_COUNT_BUCKETS: &[f64] = &[1.0, 10.0, 100.0, 1_000.0, 10_000.0, 100_000.0, 1_000_000.0];
+/// Buckets for changelog bytes per commit.
+const BYTES_BUCKETS: &[f64] = &[
+    1_024.0,
+    16_384.0,
+    131_072.0,
+    1_048_576.0,
+    8_388_608.0,
+    67_108_864.0,
+];
+
+const fn def(
+    name: &'static str,
+    kind: MetricKind,
+    unit: &'static str,
+    labels: &'static str,
+    help: &'static str,
+) -> MetricDef {
+    MetricDef {
+        name,
+        kind,
+        unit,
+        labels,
+        help,
+        buckets: &[],
+    }
+}
+
+const fn hist(
+    name: &'static str,
+    unit: &'static str,
+    labels: &'static str,
+    help: &'static str,
+    buckets: &'static [f64],
+) -> MetricDef {
+    MetricDef {
+        name,
+        kind: MetricKind::Histogram,
+        unit,
+        labels,
+        help,
+        buckets,
+    }
+}
+
+use crate::kafka::job::{DATAFLOWS, REBALANCE_PAUSE_SECONDS};
+use crate::kafka::scale::member::{REBALANCES, REVOKE_SECONDS, TASKS_OWNED};
+use crate::kafka::scale::{
+    CHANGELOG_BYTES_PER_COMMIT, CHANGELOG_RECORDS, REPARTITION_PURGES, REPARTITION_RECORDS,
+    RESTORE_CACHED_RECORDS, RESTORE_RECORDS, RESTORE_SECONDS,
+};
+use MetricKind::{Counter, Gauge};
+
+/// The Kafka source's, sinks' and job's metrics, and the scaled-out instances' (`onceflow_scale_`).
+pub const CATALOGUE: &[MetricDef] = &[
+    hist(TXN_COMMIT_SECONDS, "seconds", "mode", "Seconds from a transaction's commit request to its commit done (mode: two-phase-commit, transactional-offsets, recovery, seal).", DURATION_BUCKETS),
+    hist(TXN_PRODUCER_WAIT_SECONDS, "seconds", "", "Seconds a two-phase-commit transaction's start waited for its slot's producer.", WAIT_BUCKETS),
+    hist(TXN_COMMIT_WAIT_SECONDS, "seconds", "", "Seconds a two-phase-commit sink waited for a commit that ran while the next transaction was written.", WAIT_BUCKETS),
+    hist(PRE_COMMIT_DRAIN_SECONDS, "seconds", "", "Seconds a two-phase-commit pre-commit waited for the acknowledgements of its transaction's records.", DURATION_BUCKETS),
+    hist(OUTPUT_LATENCY_SECONDS, "seconds", "mode", "Seconds from a transaction's start to its commit: how long the oldest record of each committed transaction waited before read_committed readers could see it.", DURATION_BUCKETS),
+    def(TXN_OPEN_AGE_SECONDS, Gauge, "seconds", "subtask", "Age of the oldest open transaction of a sink subtask (compare with onceflow_kafka_txn_timeout_seconds)."),
+    def(TXN_TIMEOUT_SECONDS, Gauge, "seconds", "", "The job's transaction timeout (transaction.timeout.ms)."),
+    hist(RECORDS_PER_TXN, "records", "", "Records per committed transaction.", RECORD_COUNT_BUCKETS),
+    def(FENCING_EVENTS, Counter, "events", "kind", "Fencing events: transactional ids fenced at recovery (kind=recovery), this producer fenced by a newer one (kind=fenced)."),
+    def(RECOVERY_COMMITS, Counter, "transactions", "", "Pre-committed transactions committed at recovery."),
+    def(CONSUMER_LAG, Gauge, "records", "topic, partition", "Records of an input partition not yet read (high watermark minus position)."),
+    def(RECORDS_PRODUCED, Counter, "records", "mode", "Records handed to a Kafka producer."),
+    def(DEAD_LETTERS, Counter, "records", "", "Records written to the dead-letter topic <output>.dlq."),
+    def(RECORDS_CONSUMED, Counter, "records", "topic", "Records read from the input."),
+    def(INPUT_DELETED_BEFORE_READ, Counter, "partitions", "topic", "Input partitions that lost records to retention or DeleteRecords before the job read them (the job stops with DATA LOSS)."),
+    def(SEALS_REFUSED, Counter, "checkpoints", "", "Checkpoints not sealed because their transactions may have timed out."),
+    def(PERMISSION_CHECKS, Counter, "checks", "outcome, method", "Start-up permission checks by outcome (passed, failed, skipped) and method."),
+    def(PERMISSIONS_MISSING, Gauge, "permissions", "", "Permissions the last start-up check found missing."),
+    def(COORDINATOR_RETRIES, Counter, "retries", "call", "Coordinator calls retried after a retriable error (loading, moved, unavailable, concurrent transaction, timeout, dropped connection)."),
+    def(TASKS_OWNED, Gauge, "partitions", "", "Input partitions (tasks) this instance owns."),
+    def(REBALANCES, Counter, "events", "kind", "Rebalance events seen by this instance (assigned, revoked, lost)."),
+    hist(REVOKE_SECONDS, "seconds", "", "Seconds the instance spent releasing revoked partitions.", DURATION_BUCKETS),
+    hist(REBALANCE_PAUSE_SECONDS, "seconds", "", "Seconds from an assignment change to the next dataflow's start.", DURATION_BUCKETS),
+    def(DATAFLOWS, Counter, "dataflows", "reason", "Dataflows the instance built (reason: start, rebalance, failure)."),
+    def(CHANGELOG_RECORDS, Counter, "records", "", "State changelog records written (tombstones included)."),
+    hist(CHANGELOG_BYTES_PER_COMMIT, "bytes", "", "Bytes of changelog records (keys and values) in one instance commit.", BYTES_BUCKETS),
+    def(RESTORE_RECORDS, Counter, "records", "task", "Changelog records read back on restore."),
+    def(RESTORE_CACHED_RECORDS, Counter, "records", "task", "Changelog records a restore took from the local cache."),
+    hist(RESTORE_SECONDS, "seconds", "topic", "Seconds one operator subtask spent restoring from its changelog.", DURATION_BUCKETS),
+    def(REPARTITION_RECORDS, Counter, "records", "direction", "Records through repartition topics (direction: written, read)."),
+    def(REPARTITION_PURGES, Counter, "partitions", "", "Repartition partitions whose consumed records were deleted."),
+];
+
+/// Every metric a Kafka job exports: the runtime's, the window operators', the Kafka
+/// connectors' and the bundled broker's when it runs in the process.
+pub fn job_catalogue() -> Vec<MetricDef> {
+    let mut all = Vec::new();
+    all.extend_from_slice(onceflow_runtime::metrics::CATALOGUE);
+    all.extend_from_slice(onceflow_operators::window::METRICS);
+    all.extend_from_slice(CATALOGUE);
+    all
+}
+
+/// Installs the Prometheus recorder of a job: buckets per histogram from the catalogue,
+/// every metric described.
+pub(crate) fn install_recorder(
+) -> crate::kafka::Result<metrics_exporter_prometheus::PrometheusHandle> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let catalogue = job_catalogue();
+    let mut builder = PrometheusBuilder::new();
+    for d in catalogue.iter().filter(|d| d.kind == MetricKind::Histogram) {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full(d.name.to_string()), d.buckets)
+            .map_err(|e| crate::kafka::KafkaError::Config(format!("buckets of {}: {e}", d.name)))?;
+    }
+    let handle = builder.install_recorder().map_err(|e| {
+        crate::kafka::KafkaError::Config(format!("cannot install the Prometheus recorder: {e}"))
+    })?;
+    onceflow_runtime::metrics::describe(&catalogue);
+    Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_catalogue_names_each_metric_once_in_one_scheme() {
+        let all = job_catalogue();
+        let mut seen = std::collections::BTreeSet::new();
+        for d in &all {
+            assert!(seen.insert(d.name), "{} listed twice", d.name);
+            assert!(d.name.starts_with("onceflow_"), "{}", d.name);
+            assert_eq!(
+                d.kind == Counter,
+                d.name.ends_with("_total"),
+                "{}: counters and only counters end in _total",
+                d.name
+            );
+            assert_eq!(
+                d.kind == MetricKind::Histogram,
+                !d.buckets.is_empty(),
+                "{}",
+                d.name
+            );
+            assert!(d.buckets.windows(2).all(|w| w[0] < w[1]), "{}", d.name);
+            assert!(
+                !d.name.contains("micro") && !d.name.contains("millis"),
+                "{}: base units",
+                d.name
+            );
+            if d.unit == "seconds" {
+                assert!(d.name.contains("seconds"), "{}", d.name);
+            }
+            if d.unit == "bytes" {
+                assert!(d.name.contains("bytes"), "{}", d.name);
+            }
+            assert!(d.help.ends_with('.'), "{}", d.name);
+        }
+    }
+}

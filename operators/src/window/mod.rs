@@ -27,8 +27,36 @@ use serde::{Deserialize, Serialize};
 
 use onceflow_runtime::{Data, DataStream, Key};
 
+use onceflow_runtime::metrics::{MetricDef, MetricKind};
+
 use crate::flat_map::FlatMap;
 use crate::key_by::KeyedStream;
+
+/// Counter: window results emitted, labels `operator`, `subtask`.
+pub const FIRINGS: &str = "onceflow_window_firings_total";
+/// Counter: records that arrived after their window closed (sent to the late side output or
+/// dropped), labels `operator`, `subtask`.
+pub const LATE_RECORDS: &str = "onceflow_window_late_records_total";
+
+/// The window operators' metrics.
+pub const METRICS: &[MetricDef] = &[
+    MetricDef {
+        name: FIRINGS,
+        kind: MetricKind::Counter,
+        unit: "results",
+        labels: "operator, subtask",
+        help: "Window results emitted.",
+        buckets: &[],
+    },
+    MetricDef {
+        name: LATE_RECORDS,
+        kind: MetricKind::Counter,
+        unit: "records",
+        labels: "operator, subtask",
+        help: "Records that arrived after every window they belong to had closed (the late side output).",
+        buckets: &[],
+    },
+];
 
 pub use assigner::{Window, WindowAssigner};
 pub use function::{Aggregate, AggregateFunction, Process, Reduce, WindowFunction};

@@ -89,8 +89,8 @@ impl<K: Key, T: Data, F: WindowFunction<K, T>> WindowOperator<K, T, F> {
             ("subtask", info.index.to_string()),
         ];
         Ok(WindowOperator {
-            firings: metrics::counter!("onceflow_window_firings_total", &labels),
-            late: metrics::counter!("onceflow_window_late_records_total", &labels),
+            firings: metrics::counter!(super::FIRINGS, &labels),
+            late: metrics::counter!(super::LATE_RECORDS, &labels),
             spec,
             f,
             store: store_for(info),

@@ -117,6 +117,7 @@ impl Coordinator {
         stats.failed += 1;
         stats.failed_in_a_row += 1;
         metrics::counter!(m::CHECKPOINTS_FAILED).increment(1);
+        metrics::gauge!(m::CHECKPOINTS_FAILED_IN_A_ROW).set(f64::from(stats.failed_in_a_row));
         let tolerable = self.config.tolerable_failed_checkpoints;
         let too_many = tolerable.is_some_and(|t| stats.failed_in_a_row > t);
         if !too_many && !p.is_final {
@@ -310,6 +311,8 @@ impl Coordinator {
                                         tracing::info!(checkpoint = p.id, ms = took.as_millis() as u64, "checkpoint complete");
                                         stats.completed += 1;
                                         stats.failed_in_a_row = 0;
+                                        metrics::gauge!(m::CHECKPOINTS_FAILED_IN_A_ROW).set(0.0);
+                                        metrics::gauge!(m::LAST_CHECKPOINT_TIME).set(unix_seconds());
                                         stats.last = Some(p.id);
                                         self.notify(CheckpointEvent::Completed(p.id));
                                         self.progress_tx.send_modify(|s| s.completed = p.id);
@@ -326,4 +329,11 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// Seconds since the Unix epoch, for the last-checkpoint timestamp gauge.
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }

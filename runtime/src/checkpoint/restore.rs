@@ -119,8 +119,7 @@ pub fn load_for_restore(
                     }
                     Err(e) => {
                         tracing::error!(checkpoint = id, error = %e, "checkpoint does not verify, trying an older one (restore_older_if_corrupt: output after it repeats)");
-                        metrics::counter!("onceflow_restore_skipped_checkpoints_total")
-                            .increment(1);
+                        metrics::counter!(crate::metrics::RESTORE_SKIPPED).increment(1);
                         errors.push(format!("checkpoint {id}: {e}"));
                     }
                 }

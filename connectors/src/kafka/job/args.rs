@@ -17,67 +17,82 @@ use crate::kafka::{check_mode_security, ClientProperties, DeliveryMode, KafkaErr
 pub struct KafkaJobArgs {
     /// HOST:PORT of the cluster; without it the job starts the bundled broker in-process
     /// (when built with the `embedded-broker` feature).
-    #[arg(long, value_parser = super::reach::parse_brokers)]
+    #[arg(long, value_parser = super::reach::parse_brokers, env = "ONCEFLOW_BROKERS")]
     pub brokers: Option<String>,
     /// How long the start-up connection check tries the bootstrap servers before the job
     /// stops with exit code 6 (cluster unreachable), naming each address and the cause.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = 30_000, env = "ONCEFLOW_CONNECT_TIMEOUT_MS")]
     pub connect_timeout_ms: u64,
     /// Input topic (default `<job>-input`).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_INPUT")]
     pub input: Option<String>,
     /// Output topic (default `<job>-output`; dead letters go to `<output>.dlq`).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_OUTPUT")]
     pub output: Option<String>,
     /// Consumer group (default `onceflow-<job>`).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_GROUP")]
     pub group: Option<String>,
     /// Delivery mode: two-phase-commit | transactional-offsets | at-least-once | none.
-    #[arg(long, default_value = "two-phase-commit", value_parser = parse_mode)]
+    #[arg(long, default_value = "two-phase-commit", value_parser = parse_mode, env = "ONCEFLOW_MODE")]
     pub mode: DeliveryMode,
     /// Prefix of the transactional ids, unique per job (default `onceflow-<job>`).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_TRANSACTIONAL_ID_PREFIX")]
     pub transactional_id_prefix: Option<String>,
     /// transaction.timeout.ms; must exceed checkpoint interval + recovery allowance and not
     /// exceed the broker's transaction.max.timeout.ms.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(
+        long,
+        default_value_t = 60_000,
+        env = "ONCEFLOW_TRANSACTION_TIMEOUT_MS"
+    )]
     pub transaction_timeout_ms: u64,
     /// Time a restart may take before the recovery commit.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = 30_000, env = "ONCEFLOW_RECOVERY_ALLOWANCE_MS")]
     pub recovery_allowance_ms: u64,
     /// A librdkafka property for every Kafka client of the job (consumer, producers, admin),
-    /// e.g. `security.protocol=SASL_SSL`; repeatable; after the properties file.
+    /// e.g. `security.protocol=SASL_SSL`; repeatable; applied last. From the environment:
+    /// `ONCEFLOW_KAFKA_PROPERTY_<NAME>` sets property <name> (lower case, `_` for `.`), e.g.
+    /// `ONCEFLOW_KAFKA_PROPERTY_SASL_PASSWORD`, after the properties file.
     #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
     pub kafka_properties: Vec<String>,
     /// A file of librdkafka properties (`KEY=VALUE` lines, `#` comments) for every Kafka
     /// client of the job; keeps secrets off the command line.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "ONCEFLOW_KAFKA_PROPERTIES_FILE")]
     pub kafka_properties_file: Option<PathBuf>,
     /// Run as one instance of a scaled-out job (`docs/SCALE-OUT.md`): this instance's stable
     /// name among the instances sharing `--group` and `--transactional-id-prefix`
     /// (letters, digits, `.`, `_`, `-`). Needs `--mode transactional-offsets` and `--brokers`.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", env = "ONCEFLOW_INSTANCE_ID")]
     pub instance_id: Option<String>,
     /// Scaled-out mode: the input is already partitioned by the key of `KafkaOutputs::key_by`
     /// (Kafka's default partitioner on the key's bytes), so keyed records need no
     /// repartition topic.
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_INPUT_PARTITIONED_BY_KEY")]
     pub input_partitioned_by_key: bool,
     /// Scaled-out mode: an instance silent for this long loses its partitions to the others.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, env = "ONCEFLOW_SESSION_TIMEOUT_MS")]
     pub session_timeout_ms: u64,
     /// Scaled-out mode: how often an instance deletes the records of the job's repartition
     /// topics below the group's committed offsets (DeleteRecords); 0 never does.
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(
+        long,
+        default_value_t = 30_000,
+        env = "ONCEFLOW_REPARTITION_PURGE_INTERVAL_MS"
+    )]
     pub repartition_purge_interval_ms: u64,
-    /// Serve Prometheus metrics on this address, e.g. 127.0.0.1:9898.
-    #[arg(long)]
+    /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address, e.g.
+    /// 127.0.0.1:9898.
+    #[arg(long, env = "ONCEFLOW_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// `/readyz` answers 503 once the last completed checkpoint is older than this (default:
+    /// twice the checkpoint interval plus the checkpoint timeout).
+    #[arg(long, value_name = "MS", env = "ONCEFLOW_READY_CHECKPOINT_AGE_MS")]
+    pub ready_checkpoint_age_ms: Option<u64>,
     /// Stop (final checkpoint + commit, exit 0) once this many records were processed.
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_MAX_RECORDS")]
     pub max_records: Option<u64>,
     /// Stop like SIGTERM once no input arrived for this many ms (counted from `job started`).
-    #[arg(long)]
+    #[arg(long, env = "ONCEFLOW_EXIT_WHEN_IDLE_MS")]
     pub exit_when_idle_ms: Option<u64>,
     /// The runtime's flags: parallelism, checkpoint directory and interval, retention,
     /// restore (`--restore` applies to at-least-once and none: the exactly-once modes restore
@@ -157,6 +172,9 @@ impl KafkaJobArgs {
         if let Some(file) = &self.kafka_properties_file {
             properties.load_file(file)?;
         }
+        for (key, value) in env_properties(std::env::vars()) {
+            properties.set(&key, &value)?;
+        }
         for assignment in &self.kafka_properties {
             properties.set_assignment(assignment)?;
         }
@@ -200,6 +218,24 @@ impl KafkaJobArgs {
         };
         Ok(s)
     }
+}
+
+/// The prefix of environment variables that set a Kafka client property.
+pub(crate) const ENV_PROPERTY_PREFIX: &str = "ONCEFLOW_KAFKA_PROPERTY_";
+
+/// The Kafka client properties the environment sets: `ONCEFLOW_KAFKA_PROPERTY_SASL_PASSWORD=x`
+/// is `sasl.password=x` (librdkafka's property names are lower case with `.`), in name order.
+pub(crate) fn env_properties(
+    vars: impl Iterator<Item = (String, String)>,
+) -> Vec<(String, String)> {
+    let mut props: Vec<(String, String)> = vars
+        .filter_map(|(name, value)| {
+            let key = name.strip_prefix(ENV_PROPERTY_PREFIX)?;
+            (!key.is_empty()).then(|| (key.to_ascii_lowercase().replace('_', "."), value))
+        })
+        .collect();
+    props.sort();
+    props
 }
 
 /// The runtime's checkpoint timeout and tolerable failed checkpoints for a job in `mode`.

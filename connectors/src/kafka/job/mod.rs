@@ -32,6 +32,8 @@ mod args;
 mod embedded;
 mod exit;
 mod failpoint;
+mod health;
+mod http;
 mod instance;
 mod outputs;
 mod permissions;
@@ -201,17 +203,25 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
     /// dataflow at every change of the instance's assignment.
     pub fn run(self, pipeline: impl Fn(DataStream<T>, &mut KafkaOutputs)) -> Result<JobSummary> {
         let s = self.args.settings(&self.name)?;
-        if let Some(addr) = self.args.metrics_listen {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .with_http_listener(addr)
-                .install()
-                .map_err(|e| KafkaError::Config(format!("cannot serve metrics on {addr}: {e}")))?;
-        }
         let helper = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .map_err(|e| KafkaError::Protocol(format!("cannot start a tokio runtime: {e}")))?;
+        let bound = self.args.ready_checkpoint_age_ms.map_or_else(
+            || health::default_bound(s.interval, s.checkpoint_timeout),
+            Duration::from_millis,
+        );
+        let health = Arc::new(health::Health::new(bound));
+        if let Some(addr) = self.args.metrics_listen {
+            let metrics = crate::kafka::metrics::install_recorder()?;
+            let endpoints = http::Endpoints {
+                metrics,
+                health: health.clone(),
+            };
+            let bound_addr = http::serve(&helper, addr, endpoints)?;
+            tracing::info!(address = %bound_addr, "serving /metrics, /healthz and /readyz");
+        }
         if let Some(brokers) = &self.args.brokers {
             helper.block_on(reach::check(
                 brokers,
@@ -224,9 +234,8 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             let dir = self.args.runtime.checkpoint_dir.clone().unwrap_or_else(|| {
                 PathBuf::from("./onceflow-checkpoints").join(format!("{}-{instance}", self.name))
             });
-            let sink_cfg = s.sink_config(brokers);
             let brokers = brokers.clone();
-            let outcome = self.run_instance(&s, &brokers, &dir, &helper, sink_cfg, pipeline);
+            let outcome = self.run_instance(&s, &brokers, &dir, &helper, &health, pipeline);
             if let Ok(summary) = &outcome {
                 tracing::info!(%summary, "instance finished");
                 say(format!("job stopped: {summary}"));
@@ -294,10 +303,14 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             .job_config(&self.args.runtime, &self.name)
             .checkpoint_dir(&checkpoint_dir)
             .restore(started.restore)
-            .checkpoint_listener(|ev| {
-                if let CheckpointEvent::Completed(n) = ev {
-                    say(format!("checkpoint {n} complete"));
-                    failpoint::hit("after-checkpoint-complete", n);
+            .checkpoint_listener({
+                let health = health.clone();
+                move |ev| {
+                    if let CheckpointEvent::Completed(n) = ev {
+                        health.checkpoint_completed(n);
+                        say(format!("checkpoint {n} complete"));
+                        failpoint::hit("after-checkpoint-complete", n);
+                    }
                 }
             });
         if let Some(seal) = &started.seal {
@@ -305,7 +318,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
         }
         let env = StreamEnvironment::new(config);
         let stop = env.stop_handle();
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(Progress::with_health(health.clone()));
 
         let counter = progress.clone();
         let inner = self.decoder;
@@ -345,6 +358,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             embedded.is_some(),
         );
         let result = env.execute_blocking();
+        health.stopped("stopped");
         watcher_done.store(true, Ordering::Relaxed);
         if let Some(end) = demo_end {
             end();

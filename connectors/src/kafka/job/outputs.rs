@@ -10,6 +10,7 @@ use onceflow_operators::{KeyBy, KeyedStream};
 use onceflow_runtime::{CheckpointId, CompletionHook, Data, DataStream, Key, KeyRoute, StopHandle};
 
 use super::args::{mode_name, Settings};
+use super::health::Health;
 use super::{failpoint, say};
 use crate::kafka::{
     CheckpointSeal, DeliveryMode, KafkaError, KafkaSink, KafkaSinkConfig, OffsetsLink, SinkRecord,
@@ -29,9 +30,19 @@ pub(crate) struct Progress {
     /// Scaled-out instances: when the assignment change that led to this dataflow happened;
     /// its pause is recorded when the dataflow starts (`job started`).
     pub(crate) paused_since: Mutex<Option<std::time::Instant>>,
+    /// What `/readyz` answers from: told when the dataflow runs (`job started`).
+    pub(crate) health: Option<Arc<Health>>,
 }
 
 impl Progress {
+    /// Counters that tell `health` when the dataflow runs.
+    pub(crate) fn with_health(health: Arc<Health>) -> Self {
+        Progress {
+            health: Some(health),
+            ..Progress::default()
+        }
+    }
+
     /// Whether every sink subtask has recovered (the job printed `job started`).
     pub(crate) fn started(&self) -> bool {
         let sinks = self.sink_subtasks.load(Ordering::SeqCst);
@@ -236,6 +247,9 @@ impl KafkaOutputs {
                 let total = on_recovered.sink_subtasks.load(Ordering::SeqCst);
                 if on_recovered.recovered.fetch_add(1, Ordering::SeqCst) + 1 == total {
                     say("job started".to_string());
+                    if let Some(h) = &on_recovered.health {
+                        h.running();
+                    }
                     let paused = on_recovered
                         .paused_since
                         .lock()

@@ -27,6 +27,7 @@ use onceflow_runtime::{
 };
 
 use super::args::Settings;
+use super::health::Health;
 use super::outputs::{Exchange, KafkaOutputs, Progress};
 use super::watcher::spawn_watcher;
 use super::{failpoint, instance, permissions, say, startup, JobSummary, KafkaJob};
@@ -41,7 +42,7 @@ use crate::kafka::{
 
 /// Histogram: seconds from an assignment change to the next dataflow's start (every sink
 /// recovered, every owned task restored).
-pub const REBALANCE_PAUSE_SECONDS: &str = "onceflow_rebalance_pause_seconds";
+pub const REBALANCE_PAUSE_SECONDS: &str = "onceflow_scale_rebalance_pause_seconds";
 /// Counter: dataflows an instance built, label `reason` (`start`, `rebalance`, `failure`).
 pub const DATAFLOWS: &str = "onceflow_scale_dataflows_total";
 
@@ -306,9 +307,10 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
         brokers: &str,
         checkpoint_dir: &Path,
         helper: &tokio::runtime::Runtime,
-        sink_cfg: KafkaSinkConfig,
+        health: &Arc<Health>,
         pipeline: impl Fn(onceflow_runtime::DataStream<T>, &mut KafkaOutputs),
     ) -> Result<JobSummary> {
+        let sink_cfg = s.sink_config(brokers);
         let Some(instance) = s.instance_id.as_deref() else {
             return Err(KafkaError::Config(
                 "a scaled-out instance needs --instance-id".into(),
@@ -482,15 +484,19 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 .job_config(&self.args.runtime, &self.name)
                 .checkpoint_dir(checkpoint_dir)
                 .restore(RestoreMode::None)
-                .checkpoint_listener(|ev| {
-                    if let CheckpointEvent::Completed(n) = ev {
-                        say(format!("checkpoint {n} complete"));
-                        failpoint::hit("after-checkpoint-complete", n);
+                .checkpoint_listener({
+                    let health = health.clone();
+                    move |ev| {
+                        if let CheckpointEvent::Completed(n) = ev {
+                            health.checkpoint_completed(n);
+                            say(format!("checkpoint {n} complete"));
+                            failpoint::hit("after-checkpoint-complete", n);
+                        }
                     }
                 });
             let env = StreamEnvironment::new(config);
             let stop = env.stop_handle();
-            let progress = Arc::new(Progress::default());
+            let progress = Arc::new(Progress::with_health(health.clone()));
             progress
                 .processed
                 .store(totals.processed, Ordering::Relaxed);
@@ -591,6 +597,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 false,
             );
             let result = env.execute_blocking();
+            health.stopped("building the dataflow of a new assignment");
             watcher_done.store(true, Ordering::Relaxed);
             let rebalanced = {
                 let mut slot = shared.slot();

@@ -38,7 +38,7 @@ use parking_lot::Mutex;
 use super::changelog::ChangelogRecord;
 
 /// Counter: changelog records a restore took from the local cache, label `task`.
-pub const RESTORE_CACHED_RECORDS: &str = "onceflow_restore_cached_records_total";
+pub const RESTORE_CACHED_RECORDS: &str = "onceflow_scale_restore_cached_records_total";
 
 const MAGIC: &[u8; 5] = b"OFCC1";
 const RECORD: u8 = 1;

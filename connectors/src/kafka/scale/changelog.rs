@@ -31,14 +31,14 @@ use crate::kafka::sink::OffsetsLink;
 use crate::kafka::{ClientProperties, KafkaError};
 
 /// Counter: changelog records written (tombstones included).
-pub const CHANGELOG_RECORDS: &str = "onceflow_changelog_records_total";
+pub const CHANGELOG_RECORDS: &str = "onceflow_scale_changelog_records_total";
 /// Histogram: bytes of changelog records (keys and values) in one instance commit.
-pub const CHANGELOG_BYTES_PER_COMMIT: &str = "onceflow_changelog_bytes_per_commit";
+pub const CHANGELOG_BYTES_PER_COMMIT: &str = "onceflow_scale_changelog_bytes_per_commit";
 
 /// Counter: changelog records read back on restore, label `task` (`topic-partition`).
-pub const RESTORE_RECORDS: &str = "onceflow_restore_records_total";
+pub const RESTORE_RECORDS: &str = "onceflow_scale_restore_records_total";
 /// Histogram: seconds one operator subtask spent restoring from its changelog, label `topic`.
-pub const RESTORE_SECONDS: &str = "onceflow_restore_seconds";
+pub const RESTORE_SECONDS: &str = "onceflow_scale_restore_seconds";
 
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -35,11 +35,11 @@ use crate::kafka::{ClientProperties, KafkaError};
 
 /// Counter: records through repartition topics, label `direction` (`written`: handed to the
 /// instance transaction by a repartition writer; `read`: read back by a repartition reader).
-pub const REPARTITION_RECORDS: &str = "onceflow_repartition_records_total";
+pub const REPARTITION_RECORDS: &str = "onceflow_scale_repartition_records_total";
 
 /// Counter: repartition partitions whose consumed records a [`RepartitionPurger`] deleted
 /// (one per partition per DeleteRecords that moved its start).
-pub const REPARTITION_PURGES: &str = "onceflow_repartition_purged_partitions_total";
+pub const REPARTITION_PURGES: &str = "onceflow_scale_repartition_purged_partitions_total";
 
 const REPARTITION_KIND: TopicKind = TopicKind {
     name: "repartition",

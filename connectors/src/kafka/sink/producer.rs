@@ -195,6 +195,9 @@ fn serve_then_sleep(p: &Prod) {
 /// Sends one record, polling while the local queue is full.
 pub fn send(p: &Prod, default_topic: &str, r: &SinkRecord) -> Result<()> {
     let topic = r.topic.as_deref().unwrap_or(default_topic);
+    if r.topic.is_some() && is_dead_letter_topic(topic, default_topic) {
+        metrics::counter!(crate::kafka::metrics::DEAD_LETTERS).increment(1);
+    }
     let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(&r.value[..]);
     if let Some(k) = &r.key {
         rec = rec.key(&k[..]);
@@ -203,6 +206,13 @@ pub fn send(p: &Prod, default_topic: &str, r: &SinkRecord) -> Result<()> {
         rec = rec.timestamp(ts);
     }
     send_record(p, rec).map_err(|e| KafkaError::client(format!("producing to {topic}"), e))
+}
+
+/// Whether `topic` is the dead-letter topic of `output` (`<output>.dlq`), without allocating.
+fn is_dead_letter_topic(topic: &str, output: &str) -> bool {
+    topic
+        .strip_prefix(output)
+        .is_some_and(|rest| rest == ".dlq")
 }
 
 /// Sends one record to an explicit partition (a changelog record: `value` `None` is a

@@ -486,6 +486,8 @@ impl OffsetsWriter {
         metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "transactional-offsets")
             .record(t0.elapsed().as_secs_f64());
         metrics::histogram!(m::RECORDS_PER_TXN).record(inst.records_in_txn as f64);
+        metrics::histogram!(m::OUTPUT_LATENCY_SECONDS, "mode" => "transactional-offsets")
+            .record(inst.since.elapsed().as_secs_f64());
         if !changelog.is_empty() {
             metrics::counter!(CHANGELOG_RECORDS).increment(changelog.len() as u64);
             metrics::histogram!(CHANGELOG_BYTES_PER_COMMIT).record(changelog_bytes as f64);

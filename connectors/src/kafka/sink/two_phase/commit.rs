@@ -81,6 +81,8 @@ impl TwoPhaseWriter {
                 metrics::histogram!(m::TXN_COMMIT_SECONDS, "mode" => "two-phase-commit")
                     .record(t0.elapsed().as_secs_f64());
                 metrics::histogram!(m::RECORDS_PER_TXN).record(records as f64);
+                metrics::histogram!(m::OUTPUT_LATENCY_SECONDS, "mode" => "two-phase-commit")
+                    .record(since.elapsed().as_secs_f64());
                 metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
                     .set(age.as_secs_f64());
                 slot.state = SlotState::Committed { named_until };
@@ -165,6 +167,8 @@ impl TwoPhaseWriter {
                         .record(took.as_secs_f64());
                     metrics::histogram!(m::TXN_COMMIT_WAIT_SECONDS).record(waited.as_secs_f64());
                     metrics::histogram!(m::RECORDS_PER_TXN).record(f.handle.records as f64);
+                    metrics::histogram!(m::OUTPUT_LATENCY_SECONDS, "mode" => "two-phase-commit")
+                        .record(f.since.elapsed().as_secs_f64());
                     metrics::gauge!(m::TXN_OPEN_AGE_SECONDS, "subtask" => self.subtask.to_string())
                         .set(f.since.elapsed().as_secs_f64());
                     self.slots[f.slot].state = SlotState::Committed {
