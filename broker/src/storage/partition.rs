@@ -274,9 +274,7 @@ impl Partition {
                 "clients may not write control batches".into(),
             ));
         }
-        if self.log_config().cleanup_policy.compact {
-            super::cleaner::records::check_keyed(records, batches)?;
-        }
+        super::cleaner::records::check_produced(records, batches, &self.log_config())?;
         self.append_validated(records, batches)
     }
 

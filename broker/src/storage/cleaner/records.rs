@@ -55,10 +55,31 @@ pub fn delete_horizon(h: &BatchHeader) -> Option<i64> {
     (h.attributes & ATTR_DELETE_HORIZON != 0).then_some(h.base_timestamp)
 }
 
-/// Decodes every record of `batch` (one whole stored batch described by `h`), decompressing
-/// if needed, up to 64 x the larger of the batch and Kafka's default `max.message.bytes`
-/// ([`cap_for`]): a batch that inflates further is an error for this pass, not an allocation.
-pub fn parse_records(batch: &[u8], h: &BatchHeader) -> Result<Vec<RawRecord>, RecordsError> {
+/// One record of a batch, borrowed from the batch's (decompressed) records section.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordView<'a> {
+    /// Offset delta from the batch's base offset.
+    pub offset_delta: i64,
+    /// Record attributes byte.
+    attributes: u8,
+    /// Timestamp delta from the batch's base timestamp.
+    timestamp_delta: i64,
+    /// Key bytes, `None` for a null key.
+    pub key: Option<&'a [u8]>,
+    /// Whether the value is non-null.
+    pub has_value: bool,
+    /// The record after its timestamp delta (offset delta, key, value, headers).
+    rest: &'a [u8],
+}
+
+/// The records section of `batch` (one whole stored batch described by `h`), decompressed if
+/// the batch is compressed, into at most `cap` bytes ([`cap_for`]): a batch that inflates
+/// further is an error, not an allocation. An uncompressed section is borrowed, not copied.
+pub fn records_section<'a>(
+    batch: &'a [u8],
+    h: &BatchHeader,
+    cap: usize,
+) -> Result<std::borrow::Cow<'a, [u8]>, RecordsError> {
     let err = |reason: String| RecordsError {
         base_offset: h.base_offset,
         reason,
@@ -66,22 +87,28 @@ pub fn parse_records(batch: &[u8], h: &BatchHeader) -> Result<Vec<RawRecord>, Re
     let region = batch
         .get(HEADER_LEN..h.size)
         .ok_or_else(|| err(format!("{} bytes hold no whole batch", batch.len())))?;
-    let decompressed;
-    let mut rest: &[u8] = match h.attributes & ATTR_COMPRESSION_MASK {
-        0 => region,
-        codec => {
-            let limit = i32::try_from(batch.len())
-                .unwrap_or(i32::MAX)
-                .max(DEFAULT_MAX_MESSAGE_BYTES);
-            decompressed =
-                decompress_capped(codec, region, cap_for(limit)).map_err(|e| err(e.to_string()))?;
-            &decompressed
-        }
-    };
-    let mut out = Vec::new();
+    match h.attributes & ATTR_COMPRESSION_MASK {
+        0 => Ok(std::borrow::Cow::Borrowed(region)),
+        codec => decompress_capped(codec, region, cap)
+            .map(std::borrow::Cow::Owned)
+            .map_err(|e| err(e.to_string())),
+    }
+}
+
+/// Calls `visit` with every record of a records section (from [`records_section`]) and
+/// returns how many there were. The walk is bounded by the bytes present; nothing is copied.
+pub fn for_each_record<'a>(
+    section: &'a [u8],
+    base_offset: i64,
+    mut visit: impl FnMut(usize, RecordView<'a>),
+) -> Result<usize, RecordsError> {
+    let mut rest = section;
+    let mut index = 0;
     while !rest.is_empty() {
-        let index = out.len();
-        let bad = |what: &str| err(format!("record {index}: {what}"));
+        let bad = |what: &str| RecordsError {
+            base_offset,
+            reason: format!("record {index}: {what}"),
+        };
         let (len, used) = varint(rest).ok_or_else(|| bad("bad length"))?;
         let len = usize::try_from(len).map_err(|_| bad("negative length"))?;
         let body = rest
@@ -95,43 +122,113 @@ pub fn parse_records(batch: &[u8], h: &BatchHeader) -> Result<Vec<RawRecord>, Re
         let mut at = used;
         let key = read_bytes(after_ts, &mut at).ok_or_else(|| bad("bad key"))?;
         let value_len = varint(&after_ts[at..]).ok_or_else(|| bad("bad value length"))?;
-        out.push(RawRecord {
-            offset: h.base_offset.saturating_add(offset_delta),
-            attributes,
-            timestamp_delta,
-            key: key.map(<[u8]>::to_vec),
-            has_value: value_len.0 >= 0,
-            rest: after_ts.to_vec(),
-        });
+        visit(
+            index,
+            RecordView {
+                offset_delta,
+                attributes,
+                timestamp_delta,
+                key,
+                has_value: value_len.0 >= 0,
+                rest: after_ts,
+            },
+        );
+        index += 1;
     }
+    Ok(index)
+}
+
+/// The cap [`parse_records`] decompresses a stored batch to: 64 x the larger of the batch and
+/// Kafka's default `max.message.bytes`.
+fn stored_batch_cap(batch: &[u8]) -> usize {
+    cap_for(
+        i32::try_from(batch.len())
+            .unwrap_or(i32::MAX)
+            .max(DEFAULT_MAX_MESSAGE_BYTES),
+    )
+}
+
+/// Decodes every record of `batch` (one whole stored batch described by `h`), decompressing
+/// if needed, up to 64 x the larger of the batch and Kafka's default `max.message.bytes`
+/// ([`cap_for`]). A batch whose header counts other records than it holds is an error.
+pub fn parse_records(batch: &[u8], h: &BatchHeader) -> Result<Vec<RawRecord>, RecordsError> {
+    let section = records_section(batch, h, stored_batch_cap(batch))?;
+    let mut out = Vec::new();
+    let count = for_each_record(&section, h.base_offset, |_, r| {
+        out.push(RawRecord {
+            offset: h.base_offset.saturating_add(r.offset_delta),
+            attributes: r.attributes,
+            timestamp_delta: r.timestamp_delta,
+            key: r.key.map(<[u8]>::to_vec),
+            has_value: r.has_value,
+            rest: r.rest.to_vec(),
+        })
+    })?;
+    check_count(h, count)?;
     Ok(out)
 }
 
-/// Kafka's rule for compacted topics: every record of the producer's batches
-/// (`(position, header)` within `records`) has a key; the error says which does not.
-pub fn check_keyed(
+/// Calls `visit` with the key and offset of every record of a stored batch, copying nothing
+/// but what `visit` keeps (the cleaner's key map).
+pub fn for_each_key(
+    batch: &[u8],
+    h: &BatchHeader,
+    mut visit: impl FnMut(Option<&[u8]>, i64),
+) -> Result<(), RecordsError> {
+    let section = records_section(batch, h, stored_batch_cap(batch))?;
+    let count = for_each_record(&section, h.base_offset, |_, r| {
+        visit(r.key, h.base_offset.saturating_add(r.offset_delta))
+    })?;
+    check_count(h, count)
+}
+
+/// Kafka's rule (`DefaultRecordBatch`'s record iterator): the header's record count is the
+/// number of records the batch holds.
+fn check_count(h: &BatchHeader, present: usize) -> Result<(), RecordsError> {
+    if usize::try_from(h.record_count).ok() != Some(present) {
+        return Err(RecordsError {
+            base_offset: h.base_offset,
+            reason: format!(
+                "the batch header counts {} records but the batch holds {present}",
+                h.record_count
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the records of a producer's batches (`(position, header)` within `records`)
+/// against their headers, as Kafka's log validator does: each batch holds exactly the number
+/// of records its header counts (else INVALID_RECORD), and on a compacted topic every record
+/// has a key (else per-record errors). A compressed batch is decompressed into at most
+/// `cap_for(max.message.bytes)` of the topic, once; an uncompressed one is walked in place.
+pub fn check_produced(
     records: &[u8],
     batches: &[(usize, BatchHeader)],
+    config: &crate::storage::LogConfig,
 ) -> Result<(), crate::storage::AppendError> {
     use crate::storage::AppendError;
+    let cap = cap_for(config.max_message_bytes);
+    let compacted = config.cleanup_policy.compact;
+    let invalid = |e: RecordsError| AppendError::InvalidRecord(e.to_string());
     for (pos, h) in batches {
         let batch = records.get(*pos..*pos + h.size).unwrap_or_default();
-        let recs =
-            parse_records(batch, h).map_err(|e| AppendError::InvalidRecord(e.to_string()))?;
-        let indexes: Vec<i32> = recs
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.key.is_none())
-            .map(|(i, _)| i32::try_from(i).unwrap_or(i32::MAX))
-            .collect();
-        if !indexes.is_empty() {
+        let section = records_section(batch, h, cap).map_err(invalid)?;
+        let mut keyless = Vec::new();
+        let count = for_each_record(&section, h.base_offset, |i, r| {
+            if compacted && r.key.is_none() {
+                keyless.push(i32::try_from(i).unwrap_or(i32::MAX));
+            }
+        })
+        .map_err(invalid)?;
+        check_count(h, count).map_err(invalid)?;
+        if !keyless.is_empty() {
             return Err(AppendError::RecordErrors {
                 reason: format!(
-                    "compacted topic cannot accept a record without a key ({} of {} records)",
-                    indexes.len(),
-                    recs.len()
+                    "compacted topic cannot accept a record without a key ({} of {count} records)",
+                    keyless.len(),
                 ),
-                indexes,
+                indexes: keyless,
             });
         }
     }
@@ -359,6 +456,30 @@ mod tests {
         let second = validate_batch(&wide[HEADER_LEN..]).unwrap();
         assert_eq!(second.base_offset, first.last_offset() + 1);
         assert_eq!(second.last_offset(), i64::from(i32::MAX) + 5);
+    }
+
+    #[test]
+    fn produced_batches_must_hold_the_records_their_header_counts() {
+        use crate::storage::{AppendError, LogConfig};
+        let mut compacted = LogConfig::default();
+        compacted.cleanup_policy.compact = true;
+        for c in [Compression::None, Compression::Zstd] {
+            let mut b = batch(c, &["a", "b"]);
+            let h = validate_batch(&b).unwrap();
+            assert!(check_produced(&b, &[(0, h)], &compacted).is_ok());
+            // Three counted, two present (lastOffsetDelta raised to match, CRC redone).
+            b[23..27].copy_from_slice(&2i32.to_be_bytes());
+            b[RECORD_COUNT_AT..RECORD_COUNT_AT + 4].copy_from_slice(&3i32.to_be_bytes());
+            let crc = crate::crc32c(&b[ATTRIBUTES_AT..]);
+            b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_be_bytes());
+            let h = validate_batch(&b).unwrap();
+            let err = check_produced(&b, &[(0, h)], &LogConfig::default()).unwrap_err();
+            assert!(
+                matches!(&err, AppendError::InvalidRecord(m) if m.contains("counts 3 records but the batch holds 2")),
+                "{c:?}: {err:?}"
+            );
+            assert!(parse_records(&b, &h).is_err());
+        }
     }
 
     #[test]

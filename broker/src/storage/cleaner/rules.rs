@@ -91,13 +91,17 @@ impl KeyMap {
         {
             return Ok(());
         }
-        for r in records::parse_records(batch, h)? {
-            if let Some(k) = r.key {
-                let e = self.0.entry(k).or_insert(r.offset);
-                *e = (*e).max(r.offset);
+        records::for_each_key(batch, h, |key, offset| {
+            if let Some(k) = key {
+                // Only a key not yet in the map is copied.
+                match self.0.get_mut(k) {
+                    Some(latest) => *latest = (*latest).max(offset),
+                    None => {
+                        self.0.insert(k.to_vec(), offset);
+                    }
+                }
             }
-        }
-        Ok(())
+        })
     }
 
     /// Number of distinct keys.
