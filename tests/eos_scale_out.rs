@@ -408,3 +408,45 @@ fn a_second_process_with_a_running_instance_id_is_refused() {
     drop(broker);
     finish_dir(dir);
 }
+
+/// `--internal-replication-factor` reaches the CreateTopics of the job's own topics (the
+/// registry, the repartition and changelog topics): on Apache Kafka's one node a factor of 3
+/// is refused at start with exit code 2 and a message naming the flag; the bundled broker
+/// accepts any factor on its one node (broker/README.md), so there the instance starts. The
+/// default, -1 (the cluster's `default.replication.factor`), is what every other test runs.
+#[test]
+fn an_internal_replication_factor_is_asked_of_the_cluster() {
+    let _machine = exclusive();
+    let test = "eos_scale_out_replication";
+    let dir = scenario_dir(test);
+    let mut base = JobArgs::new("transactional-offsets", dir.path());
+    base.prefix = "scale-replication".into();
+    base.group = "scale-replication".into();
+    base.extra_args
+        .extend(["--internal-replication-factor", "3"].map(String::from));
+    let (broker, _data) = setup(dir.path(), &base, 10, seed(test));
+    let bootstrap = broker.bootstrap().to_string();
+    let args = instance_args(&base, dir.path(), "node-a");
+    let mut p = spawn_job(&bootstrap, &args, "a-1");
+    if onceflow_testkit::test_broker::on_apache_kafka() {
+        let status = p.wait_exit(Duration::from_secs(120));
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(2),
+            "replication factor 3 on one broker\n{}",
+            p.describe()
+        );
+        let said = p.stderr_tail(20);
+        assert!(
+            said.contains("replication factor 3") && said.contains("--internal-replication-factor"),
+            "the refusal does not name the factor and the flag\n{}",
+            p.describe()
+        );
+    } else {
+        let started = p.wait_line(Duration::from_secs(120), |l| l == "job started");
+        assert!(started.is_some(), "{}", p.describe());
+        p.stop_gracefully(STOP_TIMEOUT);
+    }
+    drop(broker);
+    finish_dir(dir);
+}

@@ -66,6 +66,7 @@ impl PrefixClaim {
         properties: &ClientProperties,
         prefix: &str,
         job_identity: &str,
+        replication: i32,
     ) -> Result<PrefixClaim> {
         let group = registry_group(prefix);
         let me = job_client_id(job_identity);
@@ -99,7 +100,7 @@ impl PrefixClaim {
                 }
             }
         }
-        ensure_registry_topic(&consumer, brokers, properties)?;
+        ensure_registry_topic(&consumer, brokers, properties, replication)?;
         consumer
             .subscribe(&[REGISTRY_TOPIC])
             .map_err(|e| KafkaError::client("joining the prefix registry group", e))?;
@@ -136,13 +137,15 @@ impl Drop for PrefixClaim {
     }
 }
 
-/// Creates the registry topic unless it exists: on a cluster with ACLs a job may Read it
-/// without the right to Create it (CreateTopics answers TOPIC_AUTHORIZATION_FAILED then, even
-/// for an existing topic).
+/// Creates the registry topic unless it exists, with `replication` replicas (-1: the
+/// cluster's `default.replication.factor`): on a cluster with ACLs a job may Read it without
+/// the right to Create it (CreateTopics answers TOPIC_AUTHORIZATION_FAILED then, even for an
+/// existing topic).
 fn ensure_registry_topic(
     consumer: &BaseConsumer,
     brokers: &str,
     properties: &ClientProperties,
+    replication: i32,
 ) -> Result<()> {
     if let Ok(md) = consumer.fetch_metadata(Some(REGISTRY_TOPIC), CALL_TIMEOUT) {
         if md.topics().iter().any(|t| {
@@ -155,7 +158,7 @@ fn ensure_registry_topic(
         .client_config(brokers)
         .create()
         .map_err(|e| KafkaError::client("creating an admin client", e))?;
-    let topic = NewTopic::new(REGISTRY_TOPIC, 1, TopicReplication::Fixed(1));
+    let topic = NewTopic::new(REGISTRY_TOPIC, 1, TopicReplication::Fixed(replication));
     let opts = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
     // rdkafka's admin futures need no runtime: callable from inside or outside tokio
     let created = futures::executor::block_on(admin.create_topics([&topic], &opts))
@@ -163,6 +166,11 @@ fn ensure_registry_topic(
     for r in created {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, RDKafkaErrorCode::InvalidReplicationFactor)) => {
+                return Err(KafkaError::Config(format!(
+                    "cannot create topic {t} with replication factor {replication}: the cluster refused it as invalid (more replicas than brokers?); set --internal-replication-factor to at most the number of brokers, or to -1 for the cluster's default.replication.factor"
+                )))
+            }
             Err((t, code)) => {
                 return Err(KafkaError::Protocol(format!(
                     "cannot create topic {t}: {code} (create it with one partition, or allow this job's principal Create on it)"

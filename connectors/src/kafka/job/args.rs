@@ -80,6 +80,11 @@ pub struct KafkaJobArgs {
         env = "ONCEFLOW_REPARTITION_PURGE_INTERVAL_MS"
     )]
     pub repartition_purge_interval_ms: u64,
+    /// Replicas of the topics the job creates for itself (the prefix registry; scaled out,
+    /// the repartition and changelog topics); -1 lets the cluster choose
+    /// (`default.replication.factor`).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true, value_parser = parse_replication, env = "ONCEFLOW_INTERNAL_REPLICATION_FACTOR")]
+    pub internal_replication_factor: i32,
     /// Serve `/metrics` (Prometheus), `/healthz` and `/readyz` on this address, e.g.
     /// 127.0.0.1:9898.
     #[arg(long, env = "ONCEFLOW_METRICS_LISTEN")]
@@ -99,6 +104,15 @@ pub struct KafkaJobArgs {
     /// the checkpoint the group's committed offsets name).
     #[command(flatten)]
     pub runtime: JobArgs,
+}
+
+fn parse_replication(s: &str) -> std::result::Result<i32, String> {
+    match s.parse::<i32>() {
+        Ok(n) if n == -1 || (1..=i32::from(i16::MAX)).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{s}`: a replication factor is -1 (the cluster's default) or a positive number"
+        )),
+    }
 }
 
 fn parse_mode(s: &str) -> std::result::Result<DeliveryMode, String> {
@@ -126,6 +140,8 @@ pub(crate) struct Settings {
     pub instance_id: Option<String>,
     pub session_timeout: Duration,
     pub input_partitioned_by_key: bool,
+    /// Replicas of the job's internal topics (-1: the cluster's default).
+    pub internal_replication: i32,
     /// Scaled-out mode: the repartition purge interval (`None`: never).
     pub repartition_purge_interval: Option<Duration>,
 }
@@ -213,6 +229,7 @@ impl KafkaJobArgs {
             instance_id: self.instance_id.clone(),
             session_timeout: Duration::from_millis(self.session_timeout_ms),
             input_partitioned_by_key: self.input_partitioned_by_key,
+            internal_replication: self.internal_replication_factor,
             repartition_purge_interval: (self.repartition_purge_interval_ms > 0)
                 .then(|| Duration::from_millis(self.repartition_purge_interval_ms)),
         };

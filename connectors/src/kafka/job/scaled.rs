@@ -329,6 +329,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             &s.properties,
             &s.prefix,
             &job_fingerprint(&self.name, s),
+            s.internal_replication,
         )?;
         // this instance's own transactional ids: instances never fence each other, a restart
         // of this instance fences its previous incarnation
@@ -356,7 +357,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 brokers,
                 &s.properties,
                 &repartition_topics,
-                -1,
+                s.internal_replication,
             ))?;
         }
         let _purge = match s.repartition_purge_interval {
@@ -561,7 +562,12 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 })
                 .collect();
             if !changelog_ready {
-                helper.block_on(ensure_changelog_topics(brokers, &s.properties, &topics, -1))?;
+                helper.block_on(ensure_changelog_topics(
+                    brokers,
+                    &s.properties,
+                    &topics,
+                    s.internal_replication,
+                ))?;
                 changelog_ready = true;
             }
             let mut changelog = StateChangelog::new(link.clone(), topics).restoring_from(

@@ -100,7 +100,13 @@ pub(crate) fn start(
         .map_err(|e| KafkaError::Config(format!("checkpoint directory {}: {e}", dir.display())))?
         .display()
         .to_string();
-    let claim = PrefixClaim::claim(brokers, &sink_cfg.client_properties, &s.prefix, &identity)?;
+    let claim = PrefixClaim::claim(
+        brokers,
+        &sink_cfg.client_properties,
+        &s.prefix,
+        &identity,
+        s.internal_replication,
+    )?;
 
     // 1. fence every older instance: from now on none of them can complete a checkpoint
     //    (two-phase commit: the seal; transactional offsets: the instance producer)

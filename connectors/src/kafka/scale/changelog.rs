@@ -654,7 +654,7 @@ pub(crate) async fn ensure_internal_topics(
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((t, e)) => {
                 return Err(KafkaError::Config(format!(
-                    "cannot create {what} topic {t}: {e}"
+                    "cannot create {what} topic {t} with replication factor {replication}: {e} (--internal-replication-factor: at most the number of brokers, or -1 for the cluster's default.replication.factor)"
                 )))
             }
         }
