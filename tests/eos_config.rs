@@ -385,3 +385,42 @@ fn kafka_properties_reach_the_clients_and_secrets_never_print() {
     let report = check_output(broker.bootstrap(), &args, &data);
     assert!(report.is_exact(), "output not exact: {report:?}");
 }
+
+/// `--log-format json` (here from `ONCEFLOW_LOG_FORMAT`): every stderr line is one JSON
+/// object with the job's name, a level, a target and a message; checkpoint lines carry the
+/// checkpoint's id as a number.
+#[test]
+fn json_logs_carry_the_job_and_checkpoint_fields() {
+    let test = "eos_config_json_logs";
+    let dir = scenario_dir(test);
+    let mut args = JobArgs::new("two-phase-commit", dir.path());
+    let (broker, data) = setup(dir.path(), &args, 300, seed(test));
+    produce_all(broker.bootstrap(), &args.input, &data);
+    args.env = vec![
+        ("ONCEFLOW_LOG_FORMAT".into(), "json".into()),
+        (
+            "ONCEFLOW_MAX_RECORDS".into(),
+            data.records.len().to_string(),
+        ),
+    ];
+    let mut job = spawn_job(broker.bootstrap(), &args, "json-logs");
+    let status = job.wait_exit(STOP_TIMEOUT);
+    assert!(status.is_some_and(|s| s.success()), "{}", job.describe());
+    let stderr = job.stderr_tail(100_000);
+    let mut checkpoints = 0;
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        for key in ["timestamp", "level", "target", "message"] {
+            assert!(v.get(key).is_some(), "no `{key}` in {line}");
+        }
+        assert_eq!(v["job"], "etl", "{line}");
+        if v["message"] == "checkpoint complete" {
+            assert!(v["checkpoint"].is_u64(), "{line}");
+            checkpoints += 1;
+        }
+    }
+    assert!(checkpoints > 0, "no checkpoint line\n{stderr}");
+    let report = check_output(broker.bootstrap(), &args, &data);
+    assert!(report.is_exact(), "output not exact: {report:?}");
+}

@@ -93,6 +93,10 @@ pub struct KafkaJobArgs {
     /// twice the checkpoint interval plus the checkpoint timeout).
     #[arg(long, value_name = "MS", env = "ONCEFLOW_READY_CHECKPOINT_AGE_MS")]
     pub ready_checkpoint_age_ms: Option<u64>,
+    /// Log lines on stderr: `text`, or `json` (one object per line with `job`, `instance`
+    /// and the event's fields, e.g. `checkpoint`); filtered by `RUST_LOG`.
+    #[arg(long, value_enum, default_value_t = super::LogFormat::Text, env = "ONCEFLOW_LOG_FORMAT")]
+    pub log_format: super::LogFormat,
     /// Stop (final checkpoint + commit, exit 0) once this many records were processed.
     #[arg(long, env = "ONCEFLOW_MAX_RECORDS")]
     pub max_records: Option<u64>,
@@ -377,6 +381,33 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         kafka: KafkaJobArgs,
+    }
+
+    #[test]
+    fn kafka_properties_come_from_prefixed_variables() {
+        let vars = [
+            ("ONCEFLOW_KAFKA_PROPERTY_SASL_PASSWORD", "s3cret"),
+            ("ONCEFLOW_KAFKA_PROPERTY_", "ignored: no name"),
+            ("ONCEFLOW_BROKERS", "not a property"),
+            ("ONCEFLOW_KAFKA_PROPERTY_SECURITY_PROTOCOL", "SASL_SSL"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        assert_eq!(
+            env_properties(vars.into_iter()),
+            vec![
+                ("sasl.password".to_string(), "s3cret".to_string()),
+                ("security.protocol".to_string(), "SASL_SSL".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn replication_factors_are_minus_one_or_positive() {
+        assert_eq!(parse_replication("-1"), Ok(-1));
+        assert_eq!(parse_replication("3"), Ok(3));
+        assert!(parse_replication("0").is_err());
+        assert!(parse_replication("-2").is_err());
+        assert!(parse_replication("40000").is_err());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The process side of a job binary: tracing from `RUST_LOG`, and the documented exit codes a
 //! failure maps to.
 
+use super::logs::{JsonLines, LogFormat};
 use crate::kafka::KafkaError;
 
 /// Exit codes of a job binary run through [`super::KafkaJob::main`].
@@ -68,15 +69,33 @@ impl KafkaError {
 /// connectors' info lines), in colour only on a terminal without `NO_COLOR` (a log file or
 /// a pipe gets plain text). Does nothing if a subscriber is already installed.
 pub fn init_tracing() {
+    init_logs(LogFormat::Text, "", None);
+}
+
+/// [`init_tracing`] in `format`; JSON lines carry `job` and `instance` (see [`LogFormat`]).
+pub fn init_logs(format: LogFormat, job: &str, instance: Option<String>) {
     use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,onceflow_runtime=info,onceflow_connectors=info".into()),
-        )
-        .try_init();
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| "warn,onceflow_runtime=info,onceflow_connectors=info".into())
+    };
+    let _ = match format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .with_env_filter(filter())
+            .try_init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(JsonLines {
+                job: job.to_string(),
+                instance,
+            })
+            .with_env_filter(filter())
+            .try_init(),
+    };
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ mod failpoint;
 mod health;
 mod http;
 mod instance;
+mod logs;
 mod outputs;
 mod permissions;
 mod reach;
@@ -53,7 +54,8 @@ use onceflow_runtime::{
 };
 
 pub use args::KafkaJobArgs;
-pub use exit::{exit_code, init_tracing};
+pub use exit::{exit_code, init_logs, init_tracing};
+pub use logs::LogFormat;
 pub use outputs::KafkaOutputs;
 pub use scaled::{DATAFLOWS, REBALANCE_PAUSE_SECONDS};
 
@@ -183,9 +185,13 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
 
     /// Runs the job (see the module docs), then exits the process with the code of the
     /// outcome ([`exit_code`]); errors are printed as `error: ...` on stderr. Sets up
-    /// tracing from `RUST_LOG` first.
+    /// tracing from `RUST_LOG` first, in the `--log-format`.
     pub fn main(self, pipeline: impl Fn(DataStream<T>, &mut KafkaOutputs)) -> ! {
-        init_tracing();
+        init_logs(
+            self.args.log_format,
+            &self.name,
+            self.args.instance_id.clone(),
+        );
         let code = match self.run(pipeline) {
             Ok(_) => exit_code::OK,
             Err(e) => {
