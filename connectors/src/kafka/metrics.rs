@@ -170,9 +170,78 @@ pub(crate) fn install_recorder(
     Ok(handle)
 }
 
+/// The catalogue as the Markdown table of docs/METRICS.md.
+pub fn catalogue_table(catalogue: &[MetricDef]) -> String {
+    let mut t = String::from("| Name | Type | Unit | Labels | Meaning |\n|---|---|---|---|---|\n");
+    for d in catalogue {
+        let labels = if d.labels.is_empty() { "-" } else { d.labels };
+        t.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} |\n",
+            d.name,
+            d.kind.as_str(),
+            d.unit,
+            labels,
+            d.help
+        ));
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/METRICS.md");
+    const BEGIN: &str = "<!-- job metrics: begin (generated from the catalogue) -->\n";
+    const END: &str = "<!-- job metrics: end -->";
+
+    /// docs/METRICS.md holds the catalogue's table as it is; `ONCEFLOW_BLESS=1` rewrites it.
+    #[test]
+    fn the_metrics_doc_lists_the_catalogue() {
+        let doc = std::fs::read_to_string(DOC).expect("docs/METRICS.md");
+        let (Some(b), Some(e)) = (doc.find(BEGIN), doc.find(END)) else {
+            panic!("docs/METRICS.md lacks the {BEGIN:?} ... {END:?} markers");
+        };
+        let table = catalogue_table(&job_catalogue());
+        let current = &doc[b + BEGIN.len()..e];
+        if current != table {
+            if std::env::var_os("ONCEFLOW_BLESS").is_some() {
+                let new = format!("{}{BEGIN}{table}{}", &doc[..b], &doc[e..]);
+                std::fs::write(DOC, new).expect("write docs/METRICS.md");
+            } else {
+                panic!("docs/METRICS.md's table differs from the catalogue (run with ONCEFLOW_BLESS=1 to rewrite it):\n{table}");
+            }
+        }
+    }
+
+    /// Every broker metric name in the broker's source is listed in docs/METRICS.md.
+    #[test]
+    fn the_metrics_doc_lists_every_broker_metric() {
+        let doc = std::fs::read_to_string(DOC).expect("docs/METRICS.md");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../broker/src");
+        let mut missing = Vec::new();
+        let mut stack = vec![std::path::PathBuf::from(src)];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).expect("broker/src").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                for (i, _) in text.match_indices("\"onceflow_broker_") {
+                    let name: String = text[i + 1..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    if !doc.contains(&format!("`{name}`")) && !missing.contains(&name) {
+                        missing.push(name);
+                    }
+                }
+            }
+        }
+        assert!(missing.is_empty(), "docs/METRICS.md does not list {missing:?}");
+    }
 
     #[test]
     fn the_catalogue_names_each_metric_once_in_one_scheme() {
