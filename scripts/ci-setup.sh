@@ -7,6 +7,8 @@
 #   - Java 17 and Maven, and Apache Kafka 4.4's jars resolved by Maven from
 #     testkit/apache-kafka/pom.xml into the local Maven repository, for tests/apache_kafka.rs
 #     (scripts/apache-kafka.sh)
+#   - Prometheus (Debian package: promtool and the server) for tests/deploy.rs, which checks
+#     the alert rules and evaluates them and the dashboard's queries against a running job
 # Idempotent: a second run changes nothing and says so. Prints what it did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,6 +80,14 @@ if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then
 else
     apt_install openjdk-17-jre-headless maven
     echo "ci-setup: installed $(java -version 2>&1 | head -1)"
+fi
+# Prometheus server and promtool for tests/deploy.rs (no recommends: the node exporter and
+# the web console libraries are not needed).
+if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then
+    echo "ci-setup: prometheus already installed: $(promtool --version 2>&1 | head -1)"
+else
+    apt_install --no-install-recommends prometheus
+    echo "ci-setup: installed $(promtool --version 2>&1 | head -1)"
 fi
 if ! command -v openssl >/dev/null 2>&1; then
     apt_install openssl
