@@ -142,6 +142,20 @@ fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
     assert_eq!(status, 200, "/readyz of a running job: {why}");
     assert!(why.starts_with("ready: "), "{why}");
     assert_eq!(http::get(port, "/no-such-path").0, 404);
+    // the status: the job's configuration, state, records and checkpoints as JSON
+    let status: serde_json::Value =
+        serde_json::from_str(&http_get(port, "/status")).expect("/status is JSON");
+    assert_eq!(status["job"]["name"], "etl", "{status}");
+    assert_eq!(status["job"]["mode"], "two-phase-commit", "{status}");
+    assert_eq!(status["job"]["input"], args.input.as_str(), "{status}");
+    assert_eq!(status["state"], "running", "{status}");
+    assert_eq!(status["ready"], true, "{status}");
+    assert!(
+        status["checkpoints"]["completed"].as_u64() >= Some(4)
+            && status["checkpoints"]["last"]["id"].as_u64() >= Some(4)
+            && status["records_processed"].as_u64() > Some(0),
+        "{status}"
+    );
     // Gauges such as the consumer lag are set by the job's own loops (the lag at most once a
     // second, once the partition ends are known): poll until every series is there, bounded
     // only against a job that never reports them.

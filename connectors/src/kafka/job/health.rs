@@ -1,8 +1,13 @@
-//! What `/healthz` and `/readyz` answer: liveness of the process, and readiness of the job
-//! (its dataflow runs, and its last checkpoint is recent).
+//! What `/healthz`, `/readyz` and `/status` answer: liveness of the process, readiness of the
+//! job (its dataflow runs, and its last checkpoint is recent), and the job's figures.
 
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::outputs::Progress;
 
 use onceflow_runtime::CheckpointId;
 
@@ -14,11 +19,24 @@ use onceflow_runtime::CheckpointId;
 #[derive(Debug)]
 pub(crate) struct Health {
     bound: Duration,
+    started: Instant,
+    /// What `/status` says of the job's configuration (name, mode, topics, ...).
+    identity: Mutex<Value>,
     state: Mutex<State>,
 }
 
 #[derive(Debug, Default)]
 struct State {
+    /// Records read when the last dataflow stopped (a scaled-out instance's dataflows carry
+    /// the count on, so this is the process's total then).
+    processed_at_stop: u64,
+    /// The running dataflow's counters.
+    processed: Option<Weak<Progress>>,
+    completed: u64,
+    failed: u64,
+    failed_in_a_row: u64,
+    /// The newest checkpoint completed by any dataflow of this process, and when (Unix ms).
+    newest: Option<(CheckpointId, u128)>,
     /// When the running dataflow printed `job started`; `None` while none runs.
     running_since: Option<Instant>,
     /// The newest completed checkpoint of the running dataflow and when it completed.
@@ -32,6 +50,8 @@ impl Health {
     pub(crate) fn new(bound: Duration) -> Self {
         Health {
             bound,
+            started: Instant::now(),
+            identity: Mutex::new(Value::Null),
             state: Mutex::new(State {
                 phase: "restoring state and recovering the sinks",
                 ..State::default()
@@ -43,16 +63,26 @@ impl Health {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The dataflow runs: state restored, sinks recovered, input assigned.
-    pub(crate) fn running(&self) {
+    /// Sets what `/status` reports of the job's configuration.
+    pub(crate) fn set_identity(&self, identity: Value) {
+        *self.identity.lock().unwrap_or_else(|e| e.into_inner()) = identity;
+    }
+
+    /// The dataflow runs: state restored, sinks recovered, input assigned; `processed`
+    /// counts the records it reads.
+    pub(crate) fn running(&self, processed: Weak<Progress>) {
         let mut s = self.state();
         s.running_since = Some(Instant::now());
         s.last_checkpoint = None;
+        s.processed = Some(processed);
     }
 
     /// The dataflow stopped (`phase` says why, e.g. a new assignment being built).
     pub(crate) fn stopped(&self, phase: &'static str) {
         let mut s = self.state();
+        if let Some(p) = s.processed.take() {
+            s.processed_at_stop = count(&p);
+        }
         s.running_since = None;
         s.last_checkpoint = None;
         s.phase = phase;
@@ -60,7 +90,58 @@ impl Health {
 
     /// Checkpoint `n` completed.
     pub(crate) fn checkpoint_completed(&self, n: CheckpointId) {
-        self.state().last_checkpoint = Some((n, Instant::now()));
+        let mut s = self.state();
+        s.last_checkpoint = Some((n, Instant::now()));
+        s.newest = Some((n, unix_millis()));
+        s.completed += 1;
+        s.failed_in_a_row = 0;
+    }
+
+    /// Checkpoint `n` failed (the job goes on unless the failures exceed its tolerance).
+    pub(crate) fn checkpoint_failed(&self, _n: CheckpointId) {
+        let mut s = self.state();
+        s.failed += 1;
+        s.failed_in_a_row += 1;
+    }
+
+    /// What `/status` answers: the job's configuration, its state, readiness, records read
+    /// and checkpoints.
+    pub(crate) fn status(&self) -> Value {
+        let readiness = self.readiness();
+        let identity = self
+            .identity
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let s = self.state();
+        let processed = s.processed.as_ref().map_or(s.processed_at_stop, count);
+        let state = if s.running_since.is_some() {
+            "running"
+        } else {
+            s.phase
+        };
+        let last = s.newest.map(|(id, at)| {
+            json!({
+                "id": id,
+                "completed_at_unix_ms": at,
+                "age_seconds": (unix_millis().saturating_sub(at)) as f64 / 1000.0,
+            })
+        });
+        json!({
+            "job": identity,
+            "state": state,
+            "ready": readiness.is_ok(),
+            "readiness": match &readiness { Ok(w) | Err(w) => w.clone() },
+            "uptime_seconds": self.started.elapsed().as_secs_f64(),
+            "records_processed": processed,
+            "checkpoints": {
+                "completed": s.completed,
+                "failed": s.failed,
+                "failed_in_a_row": s.failed_in_a_row,
+                "last": last,
+                "ready_bound_seconds": self.bound.as_secs_f64(),
+            },
+        })
     }
 
     /// `Ok(why ready)` or `Err(why not)`, as `/readyz` says it.
@@ -103,6 +184,17 @@ impl Health {
     }
 }
 
+fn count(p: &Weak<Progress>) -> u64 {
+    p.upgrade()
+        .map_or(0, |p| p.processed.load(Ordering::Relaxed))
+}
+
+fn unix_millis() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
 /// The default bound of `/readyz`: two checkpoint rounds (interval plus checkpoint timeout
 /// each), so one slow or failed checkpoint does not turn the job unready, a second does.
 pub(crate) fn default_bound(interval: Duration, checkpoint_timeout: Duration) -> Duration {
@@ -118,7 +210,9 @@ mod tests {
         let h = Health::new(Duration::from_secs(10));
         let t0 = Instant::now();
         assert!(h.readiness_at(t0).unwrap_err().contains("restoring state"));
-        h.running();
+        let progress = std::sync::Arc::new(Progress::default());
+        progress.processed.store(5, Ordering::Relaxed);
+        h.running(std::sync::Arc::downgrade(&progress));
         let since = h.state().running_since.unwrap();
         assert!(h.readiness_at(since + Duration::from_secs(9)).is_ok());
         let late = h.readiness_at(since + Duration::from_secs(11)).unwrap_err();
@@ -128,8 +222,19 @@ mod tests {
         assert!(h.readiness_at(at).unwrap().contains("checkpoint 7"));
         let stale = h.readiness_at(at + Duration::from_secs(11)).unwrap_err();
         assert!(stale.contains("the last checkpoint, 7"), "{stale}");
+        h.checkpoint_failed(8);
+        let status = h.status();
+        assert_eq!(status["state"], "running");
+        assert_eq!(status["records_processed"], 5);
+        assert_eq!(status["checkpoints"]["completed"], 1);
+        assert_eq!(status["checkpoints"]["failed_in_a_row"], 1);
+        assert_eq!(status["checkpoints"]["last"]["id"], 7);
         h.stopped("building the dataflow of a new assignment");
         assert!(h.readiness_at(at).unwrap_err().contains("new assignment"));
+        let status = h.status();
+        assert_eq!(status["state"], "building the dataflow of a new assignment");
+        assert_eq!(status["records_processed"], 5, "counted across dataflows");
+        assert_eq!(status["ready"], false);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The job's HTTP listener (`--metrics-listen`): `/metrics` (Prometheus text format),
-//! `/healthz` (liveness), `/readyz` (readiness, see [`Health`]); every other path is 404.
+//! `/healthz` (liveness), `/readyz` (readiness, see [`Health`]), `/status` (the job's figures
+//! as JSON); every other path is 404.
 //! One router, so further endpoints join the same listener.
 
 use std::convert::Infallible;
@@ -96,13 +97,21 @@ fn route(endpoints: &Endpoints, req: &Request<Incoming>) -> Response<Full<Bytes>
             .body(Full::new(Bytes::from(endpoints.metrics.render())))
             .unwrap_or_else(|_| Response::new(Full::default())),
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/status" => Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(format!(
+                "{}\n",
+                endpoints.health.status()
+            ))))
+            .unwrap_or_else(|_| Response::new(Full::default())),
         "/readyz" => match endpoints.health.readiness() {
             Ok(why) => text(StatusCode::OK, format!("{why}\n")),
             Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
         },
         other => text(
             StatusCode::NOT_FOUND,
-            format!("no such path: {other} (try /metrics, /healthz, /readyz)\n"),
+            format!("no such path: {other} (try /metrics, /healthz, /readyz, /status)\n"),
         ),
     }
 }

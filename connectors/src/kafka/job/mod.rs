@@ -219,6 +219,20 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             Duration::from_millis,
         );
         let health = Arc::new(health::Health::new(bound));
+        health.set_identity(serde_json::json!({
+            "name": self.name,
+            "mode": args::mode_name(s.mode),
+            "instance": s.instance_id,
+            "brokers": self.args.brokers.as_deref().unwrap_or("embedded"),
+            "input": s.input,
+            "output": s.output,
+            "group": s.group,
+            "transactional_id_prefix": s.prefix,
+            "parallelism": s.parallelism,
+            "checkpoint_interval_ms": s.interval.as_millis() as u64,
+            "checkpoint_timeout_ms": s.checkpoint_timeout.as_millis() as u64,
+            "transaction_timeout_ms": s.timeout.as_millis() as u64,
+        }));
         if let Some(addr) = self.args.metrics_listen {
             let metrics = crate::kafka::metrics::install_recorder()?;
             let endpoints = http::Endpoints {
@@ -312,6 +326,9 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             .checkpoint_listener({
                 let health = health.clone();
                 move |ev| {
+                    if let CheckpointEvent::Failed(n) = ev {
+                        health.checkpoint_failed(n);
+                    }
                     if let CheckpointEvent::Completed(n) = ev {
                         health.checkpoint_completed(n);
                         say(format!("checkpoint {n} complete"));

@@ -248,7 +248,7 @@ impl KafkaOutputs {
                 if on_recovered.recovered.fetch_add(1, Ordering::SeqCst) + 1 == total {
                     say("job started".to_string());
                     if let Some(h) = &on_recovered.health {
-                        h.running();
+                        h.running(Arc::downgrade(&on_recovered));
                     }
                     let paused = on_recovered
                         .paused_since

@@ -488,6 +488,9 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 .checkpoint_listener({
                     let health = health.clone();
                     move |ev| {
+                        if let CheckpointEvent::Failed(n) = ev {
+                            health.checkpoint_failed(n);
+                        }
                         if let CheckpointEvent::Completed(n) = ev {
                             health.checkpoint_completed(n);
                             say(format!("checkpoint {n} complete"));
