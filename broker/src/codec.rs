@@ -76,7 +76,8 @@ const SPARE_READ_BUFFERS: usize = 4;
 /// is used again instead of allocating: a producer streaming megabyte requests costs no fresh
 /// memory per request (fresh pages are zeroed by the kernel, which dominated the broker's CPU
 /// profile at 1 KiB records). A socket read fills whatever room the buffer has, so small
-/// requests arrive several per system call. The buffer grows as bytes arrive, so a large
+/// requests arrive several per system call. The buffer grows as bytes arrive (at most
+/// doubling what is buffered, until a frame of that size was completed once), so a large
 /// announced size costs nothing until it is sent.
 #[derive(Debug)]
 pub struct FrameReader<R> {
@@ -109,6 +110,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Changes the largest frame accepted from here on (e.g. once a SASL client has
+    /// authenticated).
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max;
+    }
+
     /// How many buffers the reader has allocated so far.
     pub fn allocations(&self) -> u64 {
         self.allocations
@@ -120,13 +127,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         loop {
             let missing = match self.frame_size()? {
                 Some(want) if self.buf.len() >= 4 + want => {
+                    // Powers of two, so that slowly growing frames do not make every buffer
+                    // too small.
+                    let wanted = want.saturating_add(4).saturating_mul(4).next_power_of_two();
+                    self.target = self.target.max(wanted.min(MAX_READ_BUFFER));
                     self.buf.advance(4);
                     return Ok(Some(self.buf.split_to(want).freeze()));
                 }
                 Some(want) => 4 + want - self.buf.len(),
                 None => 4 - self.buf.len(),
             };
-            self.make_room(missing.min(MAX_READ_BUFFER));
+            // Room for what the frame still lacks, but no more than the bytes already here or
+            // the buffer size of frames this connection completed: a peer that announces a
+            // large frame and sends little of it costs memory in proportion to what it sent.
+            let room = missing
+                .min(MAX_READ_BUFFER)
+                .min(self.target.max(self.buf.len()));
+            self.make_room(room);
             if self.reader.read_buf(&mut self.buf).await? == 0 {
                 return match self.frame_size()? {
                     _ if self.buf.is_empty() => Ok(None),
@@ -158,9 +175,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 max: self.max,
             });
         };
-        // Powers of two, so that slowly growing frames do not make every buffer too small.
-        let wanted = want.saturating_add(4).saturating_mul(4).next_power_of_two();
-        self.target = self.target.max(wanted.min(MAX_READ_BUFFER));
         Ok(Some(want))
     }
 
@@ -474,6 +488,24 @@ mod tests {
         writer.await.unwrap();
         // 60 MB after the warm-up without a single new buffer.
         assert_eq!(reader.allocations(), after_warm_up);
+    }
+
+    #[tokio::test]
+    async fn an_announced_frame_costs_memory_only_as_its_bytes_arrive() {
+        use tokio::io::AsyncWriteExt;
+        let (mut tx, rx) = tokio::io::duplex(64 * 1024);
+        let mut reader = FrameReader::new(rx, 100 << 20);
+        // 50 MiB announced, 100 bytes sent, then the peer stalls.
+        tx.write_all(&(50i32 << 20).to_be_bytes()).await.unwrap();
+        tx.write_all(&[0u8; 100]).await.unwrap();
+        let stalled =
+            tokio::time::timeout(std::time::Duration::from_millis(50), reader.next_frame()).await;
+        assert!(stalled.is_err(), "no frame yet");
+        assert!(
+            reader.buf_capacity <= 2 * MIN_READ_BUFFER,
+            "{} bytes of buffer for 104 bytes received",
+            reader.buf_capacity
+        );
     }
 
     #[test]

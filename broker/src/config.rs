@@ -3,11 +3,18 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub use crate::connection_limits::ConnectionLimits;
 use crate::security::{ListenerConfig, SecurityProtocol, TlsConfig};
 use crate::storage::StorageConfig;
 
 /// Default limit on one request frame: 100 MiB, like Kafka's `socket.request.max.bytes`.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 100 * 1024 * 1024;
+
+/// Default cap on the records of one Fetch answer: 55 MiB, Kafka's `fetch.max.bytes`.
+pub const DEFAULT_FETCH_MAX_BYTES: usize = 57_671_680;
+
+/// Smallest `fetch.max.bytes` Kafka accepts.
+pub const MIN_FETCH_MAX_BYTES: usize = 1024;
 
 /// Everything needed to start a broker.
 #[derive(Debug, Clone)]
@@ -32,6 +39,12 @@ pub struct BrokerConfig {
     pub default_partitions: i32,
     /// Frames above this many bytes are refused and the connection closed. Default 100 MiB.
     pub max_request_bytes: usize,
+    /// Record bytes one Fetch answer carries at most, whatever `max_bytes` the client asks
+    /// for (Kafka's `fetch.max.bytes`; the first batch is still sent whole, KIP-74). Default
+    /// 55 MiB; at least 1024.
+    pub fetch_max_bytes: usize,
+    /// Connection counts, idle timeout and the frame limit before SASL authentication.
+    pub connections: ConnectionLimits,
     /// Serve Prometheus text metrics over HTTP on this address.
     pub metrics_listen: Option<SocketAddr>,
     /// Transaction coordinator limits
@@ -58,6 +71,8 @@ impl Default for BrokerConfig {
             auto_create_topics: true,
             default_partitions: 1,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            fetch_max_bytes: DEFAULT_FETCH_MAX_BYTES,
+            connections: ConnectionLimits::default(),
             metrics_listen: None,
             transactions: crate::txn::CoordinatorConfig::default(),
             txn_marker_delay_ms: 0,
@@ -90,6 +105,30 @@ impl SecurityConfig {
 }
 
 impl BrokerConfig {
+    /// Checks the limits are usable (a broker that could accept nothing is a mistake).
+    pub fn validate_limits(&self) -> Result<(), String> {
+        if self.fetch_max_bytes < MIN_FETCH_MAX_BYTES {
+            return Err(format!(
+                "fetch.max.bytes must be at least {MIN_FETCH_MAX_BYTES}, got {}",
+                self.fetch_max_bytes
+            ));
+        }
+        let c = &self.connections;
+        if c.max_connections == 0 || c.max_connections_per_ip == 0 {
+            return Err("max.connections and max.connections.per.ip must be at least 1".into());
+        }
+        if c.sasl_max_receive_bytes < crate::codec::MIN_REQUEST_BYTES {
+            return Err(format!(
+                "sasl.server.max.receive.size must be at least {} bytes",
+                crate::codec::MIN_REQUEST_BYTES
+            ));
+        }
+        if c.max_idle.is_some_and(|d| d.is_zero()) {
+            return Err("connections.max.idle.ms must be positive (or off)".into());
+        }
+        Ok(())
+    }
+
     /// The listeners to bind: `listeners`, or one PLAINTEXT listener on `listen`
     /// (advertising `advertised_listener`) when that is empty.
     pub fn effective_listeners(&self) -> Vec<ListenerConfig> {

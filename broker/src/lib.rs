@@ -3,6 +3,8 @@
 //! Start one in-process with [`start`] (tests, examples) or run the `onceflow-broker` binary.
 //! Layers, from the wire inwards:
 //! - [`server`]: the tokio listener, one task per connection, ordered request pipelining;
+//!   [`connection_limits`] caps connections in all and per address, idle time, and frames
+//!   before SASL authentication;
 //! - [`security`]: listeners (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL), TLS, SASL
 //!   authentication and per-connection sessions;
 //! - [`codec`]: length-prefixed frames, request headers, response encoding, with
@@ -28,6 +30,7 @@ pub mod allocator;
 pub mod bufpool;
 pub mod codec;
 pub mod config;
+pub mod connection_limits;
 pub mod decompress;
 pub mod error;
 pub mod framed_log;

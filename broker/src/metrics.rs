@@ -61,6 +61,11 @@ pub fn connections(delta: f64) {
     metrics::gauge!("onceflow_broker_connections").increment(delta);
 }
 
+/// Counts one connection closed for idling past `connections.max.idle.ms`.
+pub fn idle_connection_closed() {
+    metrics::counter!("onceflow_broker_idle_connections_closed_total").increment(1);
+}
+
 static HANDLE: OnceLock<std::result::Result<PrometheusHandle, String>> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder once; later brokers in the same process

@@ -26,6 +26,7 @@ use tracing::Instrument;
 
 use crate::codec::{self, ResponseFrame};
 use crate::config::{parse_host_port, BrokerConfig};
+use crate::connection_limits::{self, ConnectionCounter, ConnectionPermit};
 use crate::error::{BrokerError, Result};
 use crate::handlers::{self, api_name, DispatchError};
 use crate::metrics;
@@ -175,6 +176,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
             config.default_partitions
         )));
     }
+    config.validate_limits().map_err(BrokerError::Config)?;
     let security = Arc::new(Security::open(&config)?);
     let mut bound = Vec::new();
     for listener_config in config.effective_listeners() {
@@ -326,6 +328,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
     // With `FsyncPolicy::Interval` the store runs its own flusher thread.
     let mut accept_loops = JoinSet::new();
     let mut listeners = Vec::new();
+    let counter = Arc::new(ConnectionCounter::new(state.config.connections));
     for (endpoint, addr, listener) in bound {
         tracing::info!(
             listener = %endpoint.name,
@@ -338,6 +341,7 @@ pub async fn start(config: BrokerConfig) -> Result<BrokerHandle> {
             listener,
             Arc::clone(&endpoint),
             Arc::clone(&state),
+            Arc::clone(&counter),
             shutdown_rx.clone(),
         ));
         listeners.push((endpoint, addr));
@@ -357,6 +361,7 @@ async fn accept_loop(
     listener: TcpListener,
     endpoint: Arc<ListenerEndpoint>,
     state: Arc<BrokerState>,
+    counter: Arc<ConnectionCounter>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut connections = JoinSet::new();
@@ -366,11 +371,21 @@ async fn accept_loop(
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let permit = match counter.admit(peer.ip()) {
+                        Ok(permit) => permit,
+                        Err(why) => {
+                            // Closed before anything is read, as Kafka's acceptor does.
+                            tracing::debug!(%peer, listener = %endpoint.name, limit = why.reason(), "connection refused");
+                            connection_limits::record_refused(why);
+                            drop(stream);
+                            continue;
+                        }
+                    };
                     let state = Arc::clone(&state);
                     let shutdown = shutdown.clone();
                     let endpoint = Arc::clone(&endpoint);
                     connections.spawn(
-                        open_connection(state, endpoint, stream, peer, shutdown)
+                        open_connection(state, endpoint, stream, peer, shutdown, permit)
                             .instrument(tracing::info_span!("connection", %peer)),
                     );
                 }
@@ -398,6 +413,8 @@ async fn open_connection(
     stream: TcpStream,
     peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
+    // Held for the connection's life: its place in the connection counts.
+    _permit: ConnectionPermit,
 ) {
     let _ = stream.set_nodelay(true);
     if !endpoint.protocol.uses_tls() {
@@ -521,7 +538,14 @@ async fn serve_connection<R, W>(
     let peer = session.peer;
     tracing::debug!(listener = %session.listener.name, "connection opened");
     metrics::connections(1.0);
-    let mut reader = codec::FrameReader::new(reader, state.config.max_request_bytes);
+    let max_request_bytes = state.config.max_request_bytes;
+    let limits = state.config.connections;
+    // Kafka's `sasl.server.max.receive.size`: until a SASL client has authenticated, its
+    // frames (ApiVersions, SaslHandshake, SaslAuthenticate, bare tokens) stay small.
+    let pre_auth_bytes = limits.sasl_max_receive_bytes.min(max_request_bytes);
+    let mut reader = codec::FrameReader::new(reader, max_request_bytes);
+    // Last time a request frame was read or an answer written.
+    let mut last_active = tokio::time::Instant::now();
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     // Requests being handled or waiting for their turn to be written, in request order.
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
@@ -541,6 +565,18 @@ async fn serve_connection<R, W>(
             && gate.is_none()
             && in_flight.len() < MAX_IN_FLIGHT
             && in_flight_bytes < READ_AHEAD_BYTES;
+        // Frames are read only once the requests before them are done, so a SASL exchange
+        // that authenticated the session is complete when the next frame's limit is chosen.
+        reader.set_max(if session.is_authenticated() {
+            max_request_bytes
+        } else {
+            pre_auth_bytes
+        });
+        // Idle: nothing in flight and no whole request for `connections.max.idle.ms`.
+        let idle_at = limits
+            .max_idle
+            .filter(|_| reading && in_flight.is_empty())
+            .map(|idle| last_active + idle);
         tokio::select! {
             biased;
             done = std::future::poll_fn(|cx| poll_oldest(&mut in_flight, cx)),
@@ -550,6 +586,7 @@ async fn serve_connection<R, W>(
                     // A bad request (or a failed handler): close after the earlier answers.
                     break;
                 };
+                last_active = tokio::time::Instant::now();
                 if let Some(frame) = response {
                     metrics::bytes_out(frame.len());
                     if let Err(e) = write_frame(&mut writer, &frame).await {
@@ -589,9 +626,15 @@ async fn serve_connection<R, W>(
             _ = crate::state::shutdown_signalled(&mut shutdown), if reading => {
                 reading = false;
             }
+            _ = tokio::time::sleep_until(idle_at.unwrap_or(last_active)), if idle_at.is_some() => {
+                tracing::debug!(idle_ms = limits.max_idle.map_or(0, |d| d.as_millis() as u64), "closing idle connection");
+                metrics::idle_connection_closed();
+                reading = false;
+            }
             frame = reader.next_frame(), if may_start => match frame {
                 Ok(Some(frame)) => {
                     let received = Instant::now();
+                    last_active = tokio::time::Instant::now();
                     metrics::bytes_in(frame.len() + 4);
                     let api = codec::peek_prefix(&frame)
                         .ok()

@@ -4,8 +4,14 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand};
-use onceflow_broker::config::{SecurityConfig, DEFAULT_MAX_REQUEST_BYTES};
+use onceflow_broker::config::{
+    ConnectionLimits, SecurityConfig, DEFAULT_FETCH_MAX_BYTES, DEFAULT_MAX_REQUEST_BYTES,
+};
+use onceflow_broker::connection_limits::{
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_IP, DEFAULT_SASL_MAX_RECEIVE_BYTES,
+};
 use onceflow_broker::security::scram::{ScramCredential, ScramHash, MIN_ITERATIONS};
 use onceflow_broker::security::{ClientAuth, ListenerConfig, SecurityProtocol, TlsConfig};
 use onceflow_broker::storage::{FsyncPolicy, StorageConfig};
@@ -95,6 +101,26 @@ struct Args {
     /// Close connections that send a frame larger than this.
     #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     max_request_bytes: usize,
+    /// Largest frame a SASL listener accepts before the client has authenticated (Kafka's
+    /// sasl.server.max.receive.size).
+    #[arg(long, default_value_t = DEFAULT_SASL_MAX_RECEIVE_BYTES, value_parser = clap::value_parser!(u32).range(10..).map(|v| v as usize))]
+    sasl_max_receive_bytes: usize,
+    /// Cap on the record bytes of one Fetch answer, whatever the client asks (Kafka's
+    /// fetch.max.bytes, at least 1024).
+    #[arg(long, default_value_t = DEFAULT_FETCH_MAX_BYTES, value_parser = clap::value_parser!(u32).range(1024..).map(|v| v as usize))]
+    fetch_max_bytes: usize,
+    /// Close connections with nothing in flight and no request received for this long
+    /// (Kafka's connections.max.idle.ms; -1 never).
+    #[arg(long, default_value_t = 600_000, value_parser = clap::value_parser!(i64).range(-1..))]
+    connections_max_idle_ms: i64,
+    /// Connections held at once over all listeners; more are closed at accept (Kafka's
+    /// max.connections).
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    max_connections: usize,
+    /// Connections held at once from one IP address; more are closed at accept (Kafka's
+    /// max.connections.per.ip).
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS_PER_IP, value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    max_connections_per_ip: usize,
     /// Serve Prometheus text metrics over HTTP on this address.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -264,6 +290,16 @@ fn main() -> std::process::ExitCode {
         auto_create_topics: !args.no_auto_create_topics,
         default_partitions: args.default_partitions,
         max_request_bytes: args.max_request_bytes,
+        fetch_max_bytes: args.fetch_max_bytes,
+        connections: ConnectionLimits {
+            max_connections: args.max_connections,
+            max_connections_per_ip: args.max_connections_per_ip,
+            // 0 is refused by the config check; -1 turns the timeout off.
+            max_idle: u64::try_from(args.connections_max_idle_ms)
+                .ok()
+                .map(std::time::Duration::from_millis),
+            sasl_max_receive_bytes: args.sasl_max_receive_bytes,
+        },
         metrics_listen: args.metrics_listen,
         transactions: onceflow_broker::txn::CoordinatorConfig {
             max_transaction_timeout_ms: args.max_transaction_timeout_ms,

@@ -224,6 +224,7 @@ fn topic_configs(state: &BrokerState, topic: &str) -> Vec<Entry> {
 }
 
 fn broker_configs(state: &BrokerState) -> Vec<Entry> {
+    let limits = &state.config.connections;
     let listener = format!(
         "PLAINTEXT://{}:{}",
         state.advertised_host, state.advertised_port
@@ -288,6 +289,41 @@ fn broker_configs(state: &BrokerState) -> Vec<Entry> {
             TYPE_INT,
             SOURCE_STATIC_BROKER,
             "Largest accepted request.",
+        ),
+        entry(
+            "fetch.max.bytes",
+            state.config.fetch_max_bytes,
+            TYPE_INT,
+            SOURCE_STATIC_BROKER,
+            "Most record bytes one Fetch answer carries (--fetch-max-bytes).",
+        ),
+        entry(
+            "connections.max.idle.ms",
+            limits.max_idle.map_or(-1, |d| d.as_millis() as i64),
+            TYPE_LONG,
+            SOURCE_STATIC_BROKER,
+            "Idle connections are closed after this long (--connections-max-idle-ms).",
+        ),
+        entry(
+            "max.connections",
+            limits.max_connections,
+            TYPE_INT,
+            SOURCE_STATIC_BROKER,
+            "Connections held at once over all listeners (--max-connections).",
+        ),
+        entry(
+            "max.connections.per.ip",
+            limits.max_connections_per_ip,
+            TYPE_INT,
+            SOURCE_STATIC_BROKER,
+            "Connections held at once from one address (--max-connections-per-ip).",
+        ),
+        entry(
+            "sasl.server.max.receive.size",
+            limits.sasl_max_receive_bytes,
+            TYPE_INT,
+            SOURCE_STATIC_BROKER,
+            "Largest frame before SASL authentication (--sasl-max-receive-bytes).",
         ),
         entry(
             "num.partitions",

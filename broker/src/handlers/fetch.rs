@@ -1,6 +1,7 @@
 //! Fetch (v4..=12, sessionless): long poll until `min_bytes` are available or `max_wait_ms`
 //! passes, woken by appends; whole stored batches within the partition and response byte
-//! limits (the first batch always whole, KIP-74); empty partitions carry empty record bytes;
+//! limits (the response limit capped at the broker's `fetch.max.bytes`; the first batch always
+//! whole, KIP-74); empty partitions carry empty record bytes;
 //! read_committed fetches stop at the last stable offset and list aborted transactions.
 
 use std::sync::Arc;
@@ -47,7 +48,10 @@ pub async fn handle(
     }
     let wait = Duration::from_millis(u64::try_from(req.max_wait_ms).unwrap_or(0)).min(MAX_WAIT);
     let deadline = Instant::now() + wait;
-    let min_bytes = usize::try_from(req.min_bytes).unwrap_or(0);
+    // As Kafka: the client's limits are capped at the broker's `fetch.max.bytes`.
+    let min_bytes = usize::try_from(req.min_bytes)
+        .unwrap_or(0)
+        .min(state.config.fetch_max_bytes);
     let mut shutdown = state.shutdown.clone();
     // Read on each topic, checked once per request (not per long-poll pass).
     let denied: Vec<bool> = req
@@ -79,7 +83,9 @@ fn read_once(
     req: &FetchRequest,
     denied: &[bool],
 ) -> (FetchResponse, usize, bool) {
-    let mut remaining = usize::try_from(req.max_bytes).unwrap_or(0);
+    let mut remaining = usize::try_from(req.max_bytes)
+        .unwrap_or(0)
+        .min(state.config.fetch_max_bytes);
     let mut total = 0usize;
     let mut errors = false;
     let mut topics = Vec::with_capacity(req.topics.len());
