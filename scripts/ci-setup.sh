@@ -8,7 +8,8 @@
 #     testkit/apache-kafka/pom.xml into the local Maven repository, for tests/apache_kafka.rs
 #     (scripts/apache-kafka.sh)
 #   - Prometheus (Debian package: promtool and the server) for tests/deploy.rs, which checks
-#     the alert rules and evaluates them and the dashboard's queries against a running job
+#     the alert rules and evaluates them and the dashboard's queries against a running job,
+#     and systemd-analyze (Debian's systemd package) with which it verifies the unit
 # Idempotent: a second run changes nothing and says so. Prints what it did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +89,12 @@ if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1;
 else
     apt_install --no-install-recommends prometheus
     echo "ci-setup: installed $(promtool --version 2>&1 | head -1)"
+fi
+if command -v systemd-analyze >/dev/null 2>&1; then
+    echo "ci-setup: systemd-analyze already installed: $(systemd-analyze --version | head -1)"
+else
+    apt_install --no-install-recommends systemd
+    echo "ci-setup: installed $(systemd-analyze --version | head -1)"
 fi
 if ! command -v openssl >/dev/null 2>&1; then
     apt_install openssl

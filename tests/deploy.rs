@@ -436,9 +436,16 @@ fn env_file(text: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The ExecStart command line (binary and arguments) and the environment of the unit: its
-/// `Environment=` lines over its `EnvironmentFile=`, as systemd applies them.
-fn systemd_unit() -> (Vec<String>, BTreeMap<String, String>, Vec<(String, String)>) {
+/// The systemd unit's `[Service]` section.
+struct Unit {
+    /// ExecStart: the binary and its arguments.
+    exec: Vec<String>,
+    /// Its `Environment=` lines over its `EnvironmentFile=`, as systemd applies them.
+    env: BTreeMap<String, String>,
+    service: Vec<(String, String)>,
+}
+
+fn systemd_unit() -> Unit {
     let text = read("systemd/onceflow-job.service");
     let service = unit_entries(&text, "Service");
     let exec: Vec<String> = service
@@ -467,7 +474,7 @@ fn systemd_unit() -> (Vec<String>, BTreeMap<String, String>, Vec<(String, String
             }
         }
     }
-    (exec, env, service)
+    Unit { exec, env, service }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -750,7 +757,7 @@ fn kubernetes_scaled_out_deployment_names_instances_after_pods() {
 
 #[test]
 fn systemd_unit_runs_known_flags_and_does_not_restart_what_a_restart_cannot_fix() {
-    let (exec, env, service) = systemd_unit();
+    let Unit { exec, env, service } = systemd_unit();
     assert_eq!(exec[0], "/usr/local/bin/onceflow-job");
     check_args(&exec[1..], "ExecStart");
     for name in env.keys() {
