@@ -24,6 +24,8 @@ mod eos_kill9;
 mod eos_scale_out;
 #[path = "eos_security.rs"]
 mod eos_security;
+#[path = "ops_transactions.rs"]
+mod ops_transactions;
 
 /// The kill -9 crash tests on a cluster formatted with `transaction.version=0`: no epoch bump
 /// at commit, no server-side partition verification, as on Kafka 3.x.

@@ -2,6 +2,7 @@
 //! modes (see [`DeliveryMode`] and docs/KAFKA.md): checkpoint-aligned two-phase commit,
 //! transactional offsets (Kafka Streams' EOS v2 model), at-least-once and none.
 
+pub mod admin;
 pub mod client_properties;
 pub mod committer;
 pub mod config;

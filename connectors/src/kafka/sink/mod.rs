@@ -7,6 +7,7 @@ pub(crate) mod producer;
 mod seal;
 mod transactional_offsets;
 mod two_phase;
+pub(crate) use two_phase::is_ring_id;
 
 use std::collections::HashSet;
 use std::sync::Arc;

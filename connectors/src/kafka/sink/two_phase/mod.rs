@@ -185,6 +185,20 @@ fn txn_id(prefix: &str, subtask: usize, slot: usize) -> String {
     format!("{prefix}-{subtask}-{slot}")
 }
 
+/// Whether `id` is one of the two-phase-commit ring ids of `prefix` (`{prefix}-{subtask}-{slot}`,
+/// also the rings `{prefix}-{sink}-{subtask}-{slot}` of further sinks).
+pub(crate) fn is_ring_id(prefix: &str, id: &str) -> bool {
+    let Some(rest) = id.strip_prefix(prefix).and_then(|r| r.strip_prefix('-')) else {
+        return false;
+    };
+    let mut parts = rest.rsplitn(3, '-');
+    let (Some(slot), Some(subtask)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(slot) && digits(subtask)
+}
+
 /// How long a producer's DescribeTransactions retries before the subtask falls back to
 /// librdkafka's statistics (an older Kafka closes the connection on the request).
 const DESCRIBE_PATIENCE: Duration = Duration::from_secs(5);
@@ -615,3 +629,17 @@ impl TwoPhaseWriter {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod ring_ids {
+    #[test]
+    fn ring_ids_are_told_from_other_ids() {
+        use super::{is_ring_id, txn_id};
+        assert!(is_ring_id("etl", &txn_id("etl", 0, 3)));
+        assert!(is_ring_id("etl", "etl-kafka-dlq-1-12"));
+        assert!(!is_ring_id("etl", "etl-checkpoints"));
+        assert!(!is_ring_id("etl", "etl-offsets"));
+        assert!(!is_ring_id("etl", "etl2-0-1"));
+        assert!(!is_ring_id("etl", "etl-0-"));
+    }
+}
