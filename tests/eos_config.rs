@@ -156,6 +156,25 @@ fn metrics_endpoint_serves_transaction_lag_and_checkpoint_metrics() {
             && status["records_processed"].as_u64() > Some(0),
         "{status}"
     );
+    // `onceflow status` reads the same endpoint: --json as it is, text for a human
+    let url = format!("http://127.0.0.1:{port}");
+    let tool = |extra: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_onceflow"))
+            .args(["status", "--url", &url])
+            .args(extra)
+            .output()
+            .expect("run onceflow status");
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&tool(&["--json"])).expect("onceflow status --json");
+    assert_eq!(json["job"], status["job"], "{json}");
+    let text = tool(&[]);
+    assert!(
+        text.contains("job etl (two-phase-commit)") && text.contains("state: running"),
+        "{text}"
+    );
     // Gauges such as the consumer lag are set by the job's own loops (the lag at most once a
     // second, once the partition ends are known): poll until every series is there, bounded
     // only against a job that never reports them.
