@@ -240,7 +240,10 @@ mod tests {
                 }
             }
         }
-        assert!(missing.is_empty(), "docs/METRICS.md does not list {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "docs/METRICS.md does not list {missing:?}"
+        );
     }
 
     #[test]
