@@ -66,6 +66,12 @@ pub fn idle_connection_closed() {
     metrics::counter!("onceflow_broker_idle_connections_closed_total").increment(1);
 }
 
+/// Bucket bounds of the broker's duration histograms, 100 us to 60 s.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0,
+];
+
 static HANDLE: OnceLock<std::result::Result<PrometheusHandle, String>> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder once; later brokers in the same process
@@ -73,7 +79,11 @@ static HANDLE: OnceLock<std::result::Result<PrometheusHandle, String>> = OnceLoc
 fn prometheus_handle() -> Result<PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
+            // every broker histogram is a duration: buckets (not a summary's quantiles), so
+            // brokers aggregate with histogram_quantile
             PrometheusBuilder::new()
+                .set_buckets(DURATION_BUCKETS)
+                .map_err(|e| e.to_string())?
                 .install_recorder()
                 .map_err(|e| e.to_string())
         })

@@ -70,6 +70,12 @@ async fn transaction_metrics_are_exported() {
         done_text.contains("onceflow_broker_transaction_duration_seconds"),
         "{done_text}"
     );
+    // durations are histograms (buckets aggregate across brokers), not summaries
+    assert!(
+        done_text.contains("onceflow_broker_transaction_duration_seconds_bucket{")
+            && !done_text.contains("quantile=\""),
+        "{done_text}"
+    );
     assert_eq!(
         line(&done_text, "onceflow_broker_open_transactions ").as_deref(),
         Some("onceflow_broker_open_transactions 0")

@@ -163,6 +163,11 @@ pub(crate) fn install_recorder(
             .set_buckets_for_metric(Matcher::Full(d.name.to_string()), d.buckets)
             .map_err(|e| crate::kafka::KafkaError::Config(format!("buckets of {}: {e}", d.name)))?;
     }
+    // the bundled broker in the process (a job without --brokers): its histograms are
+    // durations
+    builder = builder
+        .set_buckets_for_metric(Matcher::Prefix("onceflow_broker_".into()), DURATION_BUCKETS)
+        .map_err(|e| crate::kafka::KafkaError::Config(format!("broker buckets: {e}")))?;
     let handle = builder.install_recorder().map_err(|e| {
         crate::kafka::KafkaError::Config(format!("cannot install the Prometheus recorder: {e}"))
     })?;
