@@ -13,6 +13,7 @@ use onceflow_broker::connection_limits::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_IP, DEFAULT_SASL_MAX_RECEIVE_BYTES,
 };
 use onceflow_broker::security::scram::{ScramCredential, ScramHash, MIN_ITERATIONS};
+use onceflow_broker::security::users::MAX_STORED_ITERATIONS;
 use onceflow_broker::security::{ClientAuth, ListenerConfig, SecurityProtocol, TlsConfig};
 use onceflow_broker::storage::{FsyncPolicy, StorageConfig};
 use onceflow_broker::BrokerConfig;
@@ -156,8 +157,8 @@ enum Command {
         /// SCRAM-SHA-256 or SCRAM-SHA-512.
         #[arg(long, default_value = "SCRAM-SHA-256")]
         mechanism: String,
-        /// PBKDF2 iterations (at least 4096).
-        #[arg(long, default_value_t = MIN_ITERATIONS, value_parser = clap::value_parser!(u32).range(i64::from(MIN_ITERATIONS)..))]
+        /// PBKDF2 iterations (4096 to 16384, Kafka's bounds).
+        #[arg(long, default_value_t = MIN_ITERATIONS, value_parser = clap::value_parser!(u32).range(i64::from(MIN_ITERATIONS)..=i64::from(MAX_STORED_ITERATIONS)))]
         iterations: u32,
     },
 }

@@ -1,7 +1,8 @@
 //! DescribeTransactions (v0, KIP-664): for each transactional id, the coordinator's state,
 //! transaction timeout, start time of the open transaction (-1 if none), producer id and
 //! epoch, and the topic-partitions in the transaction. An unknown (or expired) id gets
-//! TRANSACTIONAL_ID_NOT_FOUND.
+//! TRANSACTIONAL_ID_NOT_FOUND. As in Kafka's `KafkaApis`, the topics the principal may not
+//! Describe are left out of a described transaction.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -51,7 +52,9 @@ pub fn handle(
                 .filter(|m| m.state != TxnState::Dead);
             let base = TransactionState::default().with_transactional_id(id);
             match found {
-                Some(m) => describe(base, &m),
+                Some(m) => describe(base, &m, |topic| {
+                    ctx.authorized(state, AclOperation::Describe, ResourceType::Topic, topic)
+                }),
                 None => {
                     let code = ResponseError::TransactionalIdNotFound.code();
                     metrics::partition_error("DescribeTransactions", code);
@@ -67,11 +70,16 @@ pub fn handle(
     DescribeTransactionsResponse::default().with_transaction_states(states)
 }
 
-fn describe(base: TransactionState, m: &TxnMetadata) -> TransactionState {
+fn describe(
+    base: TransactionState,
+    m: &TxnMetadata,
+    may_describe: impl Fn(&str) -> bool,
+) -> TransactionState {
     let mut by_topic: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
     for (topic, partition) in &m.partitions {
         by_topic.entry(topic).or_default().push(*partition);
     }
+    by_topic.retain(|topic, _| may_describe(topic));
     let topics = by_topic
         .into_iter()
         .map(|(topic, partitions)| {

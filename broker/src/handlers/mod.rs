@@ -220,7 +220,7 @@ pub async fn dispatch_in_session(
     frame: Bytes,
 ) -> Result<Handled, DispatchError> {
     if session.expects_raw_token() {
-        return sasl::raw_token(state, session, frame);
+        return sasl::raw_token(state, session, frame).await;
     }
     let prefix = codec::peek_prefix(&frame)?;
     let api_key =
@@ -294,7 +294,7 @@ pub async fn dispatch_in_session(
         }
         ApiKey::SaslAuthenticate => {
             let req: SaslAuthenticateRequest = decode(&ctx, body)?;
-            Some(encode(&ctx, &sasl::authenticate(state, &ctx, req))?)
+            Some(encode(&ctx, &sasl::authenticate(state, &ctx, req).await)?)
         }
         ApiKey::CreateAcls => {
             let req: CreateAclsRequest = decode(&ctx, body)?;

@@ -18,9 +18,12 @@ use crate::state::BrokerState;
 const SASL_AUTHENTICATION_FAILED: i16 = 58;
 /// ILLEGAL_SASL_STATE.
 const ILLEGAL_SASL_STATE: i16 = 34;
+/// UNSUPPORTED_SASL_MECHANISM.
+const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
 
-/// Answers SaslHandshake: the mechanisms offered, and UNSUPPORTED_SASL_MECHANISM or
-/// ILLEGAL_SASL_STATE (not a SASL listener, or the handshake already happened).
+/// Answers SaslHandshake: the mechanisms offered, and UNSUPPORTED_SASL_MECHANISM (the
+/// connection then closes) or ILLEGAL_SASL_STATE (not a SASL listener, or the handshake
+/// already happened).
 pub fn handshake(
     _state: &Arc<BrokerState>,
     ctx: &RequestContext,
@@ -29,6 +32,10 @@ pub fn handshake(
     let error_code = match ctx.session.handshake(req.mechanism.as_str(), ctx.version) {
         Ok(()) => 0,
         Err(code) => {
+            if code == UNSUPPORTED_SASL_MECHANISM {
+                // As Kafka: the answer lists the mechanisms, then the connection closes.
+                ctx.session.close_after_response();
+            }
             tracing::info!(
                 peer = %ctx.session.peer,
                 mechanism = req.mechanism.as_str(),
@@ -50,13 +57,13 @@ pub fn handshake(
 
 /// Answers SaslAuthenticate: the next challenge, success, or SASL_AUTHENTICATION_FAILED
 /// (the connection closes after that response).
-pub fn authenticate(
+pub async fn authenticate(
     state: &Arc<BrokerState>,
     ctx: &RequestContext,
     req: SaslAuthenticateRequest,
 ) -> SaslAuthenticateResponse {
     let response = SaslAuthenticateResponse::default().with_session_lifetime_ms(0);
-    match step(state, &ctx.session, &req.auth_bytes) {
+    match step(state, &ctx.session, req.auth_bytes).await {
         Ok(bytes) => response.with_auth_bytes(Bytes::from(bytes)),
         Err((code, message)) => {
             ctx.session.close_after_response();
@@ -69,12 +76,14 @@ pub fn authenticate(
 
 /// A bare SASL token after SaslHandshake v0: the reply is a bare size-prefixed token; a
 /// failure closes the connection without a reply, as Kafka does.
-pub fn raw_token(
+pub async fn raw_token(
     state: &Arc<BrokerState>,
     session: &Arc<Session>,
     frame: Bytes,
 ) -> Result<Handled, DispatchError> {
-    let reply = step(state, session, &frame).map_err(|_| DispatchError::SaslFailed)?;
+    let reply = step(state, session, frame)
+        .await
+        .map_err(|_| DispatchError::SaslFailed)?;
     let mut out = BytesMut::with_capacity(4 + reply.len());
     out.put_i32(reply.len() as i32);
     out.put_slice(&reply);
@@ -90,13 +99,30 @@ pub fn raw_token(
     })
 }
 
-/// Runs one token through the session's exchange; logs and counts the outcome.
-fn step(
+/// Runs one token through the session's exchange; logs and counts the outcome. The token
+/// is handled on tokio's blocking pool: a PLAIN token runs PBKDF2 (up to 16384 iterations),
+/// which must not hold up the async workers serving other connections.
+async fn step(
     state: &Arc<BrokerState>,
     session: &Arc<Session>,
-    token: &[u8],
+    token: Bytes,
 ) -> Result<Vec<u8>, (i16, String)> {
-    match session.authenticate(&state.security.users, token) {
+    let outcome = {
+        let (state, session) = (Arc::clone(state), Arc::clone(session));
+        tokio::task::spawn_blocking(move || session.authenticate(&state.security.users, &token))
+            .await
+    };
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            tracing::error!(peer = %session.peer, error = %e, "SASL token handling failed");
+            return Err((
+                SASL_AUTHENTICATION_FAILED,
+                "Authentication failed: internal error".into(),
+            ));
+        }
+    };
+    match outcome {
         SaslStep::Continue(bytes) => Ok(bytes),
         SaslStep::Success {
             response,

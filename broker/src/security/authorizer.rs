@@ -92,13 +92,12 @@ impl Authorizer {
         if self.super_users.contains(principal) {
             return true;
         }
-        let host = host.to_string();
         let bindings = self.bindings.read();
         let applicable = bindings.iter().filter(|b| {
             b.resource_type == resource_type
                 && b.covers(name)
                 && (b.principal == principal || b.principal == "User:*")
-                && (b.host == "*" || b.host == host)
+                && host_matches(&b.host, host)
         });
         let mut allowed = false;
         for b in applicable {
@@ -128,12 +127,11 @@ impl Authorizer {
         if self.super_users.contains(principal) {
             return true;
         }
-        let host = host.to_string();
         let bindings = self.bindings.read();
         let applies = |b: &&AclBinding| {
             b.resource_type == resource_type
                 && (b.principal == principal || b.principal == "User:*")
-                && (b.host == "*" || b.host == host)
+                && host_matches(&b.host, host)
         };
         let denies: Vec<&AclBinding> = bindings
             .iter()
@@ -222,6 +220,21 @@ impl Authorizer {
     }
 }
 
+/// Whether a binding's host (`*` or an address) covers a peer. Addresses are compared as
+/// parsed addresses, an IPv4-mapped IPv6 address (`::ffff:10.0.0.1`, how a dual-stack
+/// listener sees an IPv4 peer) as its IPv4 address, so no spelling of one address escapes a
+/// host-based DENY; a host that does not parse is compared as text.
+fn host_matches(binding_host: &str, peer: IpAddr) -> bool {
+    if binding_host == "*" {
+        return true;
+    }
+    let peer = peer.to_canonical();
+    match binding_host.parse::<IpAddr>() {
+        Ok(bound) => bound.to_canonical() == peer,
+        Err(_) => binding_host == peer.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +270,32 @@ mod tests {
         assert!(!a.authorize_any("User:bob", HOST, Write, Topic));
         let bits = a.authorized_operations("User:alice", HOST, Topic, "orders");
         assert_eq!(bits, (1 << 3) | (1 << 4) | (1 << 8));
+    }
+
+    #[test]
+    fn an_ipv4_mapped_peer_is_its_ipv4_address_for_host_bindings() {
+        use std::net::Ipv6Addr;
+        let a = authorizer(
+            "User:alice * Read Allow Topic Literal t\n\
+             User:alice 10.0.0.1 Read Deny Topic Literal t\n\
+             User:bob ::ffff:10.0.0.2 Read Allow Topic Literal t\n\
+             User:carol 2001:DB8::1 Read Allow Topic Literal t\n",
+        );
+        let v4 = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let mapped = IpAddr::V6(Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped());
+        let read = |who, host| a.authorize(who, host, AclOperation::Read, ResourceType::Topic, "t");
+        assert!(!read("User:alice", v4));
+        assert!(
+            !read("User:alice", mapped),
+            "the mapped address escaped the DENY"
+        );
+        assert!(read("User:alice", HOST));
+        assert!(read("User:bob", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))));
+        let v6: IpAddr = "2001:db8::1".parse::<Ipv6Addr>().unwrap().into();
+        assert!(
+            read("User:carol", v6),
+            "addresses compare parsed, not as text"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use x509_parser::asn1_rs::{Any, Tag};
 
 use crate::error::{BrokerError, Result};
 
@@ -118,7 +119,9 @@ pub fn server_config(config: &TlsConfig) -> Result<Arc<ServerConfig>> {
 
 /// Kafka's default principal of a TLS client: `User:` and the certificate subject's
 /// distinguished name in RFC 2253 form (most specific attribute first, e.g.
-/// `User:CN=client,O=Example`). `None` when the certificate cannot be parsed.
+/// `User:CN=client,O=Example`). `None` when the certificate cannot be parsed. A value that is
+/// not a string is written as RFC 4514 does (and Java's `X500Principal`): `#` and the hex of
+/// its DER encoding.
 pub fn principal_from_certificate(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let registry = x509_parser::objects::oid_registry();
@@ -131,16 +134,89 @@ pub fn principal_from_certificate(der: &[u8]) -> Option<String> {
                 let key = x509_parser::objects::oid2abbrev(attr.attr_type(), registry)
                     .map(str::to_string)
                     .unwrap_or_else(|_| attr.attr_type().to_id_string());
-                let value = attr
-                    .as_str()
-                    .map(escape_dn_value)
-                    .unwrap_or_else(|_| "#".to_string());
-                format!("{key}={value}")
+                format!("{key}={}", attribute_value(attr.attr_value()))
             })
             .collect();
         parts.push(attrs.join("+"));
     }
     Some(format!("User:{}", parts.join(",")))
+}
+
+/// An attribute value in RFC 4514 form: a directory string as escaped text (UTF8String,
+/// PrintableString, IA5String, NumericString, TeletexString as Latin-1, BMPString,
+/// UniversalString), anything else `#` followed by the hex of its DER encoding.
+fn attribute_value(value: &Any<'_>) -> String {
+    let text = match value.tag() {
+        Tag::Utf8String | Tag::PrintableString | Tag::Ia5String | Tag::NumericString => {
+            std::str::from_utf8(value.data).ok().map(str::to_string)
+        }
+        Tag::TeletexString => Some(value.data.iter().map(|&b| char::from(b)).collect()),
+        Tag::BmpString if value.data.len().is_multiple_of(2) => char::decode_utf16(
+            value
+                .data
+                .chunks_exact(2)
+                .map(|c| u16::from_be_bytes([c[0], c[1]])),
+        )
+        .collect::<std::result::Result<String, _>>()
+        .ok(),
+        Tag::UniversalString if value.data.len().is_multiple_of(4) => value
+            .data
+            .chunks_exact(4)
+            .map(|c| char::from_u32(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+        _ => None,
+    };
+    match text {
+        Some(text) => escape_dn_value(&text),
+        None => {
+            let hex: String = der_encoding(value)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("#{hex}")
+        }
+    }
+}
+
+/// The DER encoding of a parsed value: its identifier octets (as read, when known), the
+/// definite length, the content.
+fn der_encoding(value: &Any<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.data.len() + 6);
+    match value.header.raw_tag() {
+        Some(raw) => out.extend_from_slice(raw),
+        None => {
+            let first = ((value.class() as u8) << 6) | (u8::from(value.header.constructed()) << 5);
+            let number = value.tag().0;
+            if number < 31 {
+                out.push(first | number as u8);
+            } else {
+                out.push(first | 0x1f);
+                let mut groups = Vec::new();
+                let mut n = number;
+                loop {
+                    groups.push((n & 0x7f) as u8);
+                    n >>= 7;
+                    if n == 0 {
+                        break;
+                    }
+                }
+                for (i, g) in groups.iter().rev().enumerate() {
+                    out.push(if i + 1 < groups.len() { g | 0x80 } else { *g });
+                }
+            }
+        }
+    }
+    let len = value.data.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+    out.extend_from_slice(value.data);
+    out
 }
 
 /// Escapes an RFC 2253 attribute value.
@@ -180,5 +256,23 @@ mod tests {
             Some("User:CN=client,O=Example\\, Inc")
         );
         assert_eq!(principal_from_certificate(b"not a certificate"), None);
+
+        // A BMPString subject is text; a value that is no string is `#` + its DER in hex.
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            rcgen::DnValue::BmpString("J\u{f6}rg Smith".try_into().unwrap()),
+        );
+        let cert = params.self_signed(&key).unwrap();
+        assert_eq!(
+            principal_from_certificate(cert.der()).as_deref(),
+            Some("User:CN=J\u{f6}rg Smith")
+        );
+        let octets = Any::from_tag_and_data(Tag::OctetString, &[0xde, 0xad]);
+        assert_eq!(attribute_value(&octets), "#0402dead");
+        let long = vec![7u8; 200];
+        let bits = Any::from_tag_and_data(Tag::BitString, &long);
+        assert!(attribute_value(&bits).starts_with("#0381c80707"));
     }
 }
