@@ -118,3 +118,37 @@ fn exit_when_idle_stops_after_the_input_with_everything_committed() {
     drop(broker);
     finish_dir(dir);
 }
+
+/// The README's first command: the example job without `--brokers` starts the bundled broker
+/// in-process with a demo input, and (stopped here by `--max-records`) ends with its final
+/// output exact and exit 0; a healthy run prints no ERROR or WARN line, its shutdown
+/// included (the job's clients leave before the embedded broker stops).
+#[test]
+fn the_embedded_demo_runs_clean() {
+    let _machine = exclusive();
+    let dir = scenario_dir("eos_embedded_demo");
+    let (status, stdout, stderr) = onceflow_testkit::child::run_bounded(
+        std::process::Command::new(&onceflow_testkit::bins::bins().job)
+            .args(["--max-records", "3000", "--checkpoint-dir"])
+            .arg(dir.path().join("checkpoints"))
+            .env_remove("RUST_LOG"),
+        None,
+        Duration::from_secs(120),
+    )
+    .expect("the demo runs");
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("0 duplicates") && stdout.contains("job stopped:"),
+        "{stdout}"
+    );
+    let noisy: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(" ERROR ") || l.contains(" WARN "))
+        .collect();
+    assert!(
+        noisy.is_empty(),
+        "a healthy run logged:\n{}",
+        noisy.join("\n")
+    );
+    finish_dir(dir);
+}

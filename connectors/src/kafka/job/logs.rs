@@ -65,6 +65,16 @@ where
         }
         let mut visitor = JsonVisitor(&mut line);
         event.record(&mut visitor);
+        // a `log` record (librdkafka's, through the rdkafka crate): its own target, not the
+        // bridge's, and none of the bridge's location fields
+        if meta.target() == "log" {
+            if let Some(Value::String(t)) = line.remove("log.target") {
+                line.insert("target".into(), Value::String(t));
+            }
+            for k in ["log.file", "log.line", "log.module_path"] {
+                line.remove(k);
+            }
+        }
         let text = serde_json::to_string(&line).map_err(|_| fmt::Error)?;
         writeln!(writer, "{text}")
     }

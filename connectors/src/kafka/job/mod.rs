@@ -393,10 +393,12 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             tracing::info!(%summary, "job finished");
             say(format!("job stopped: {summary}"));
         }
+        // the prefix claim and the seal's clients leave before the embedded broker stops, so
+        // none of them reports the broker gone
+        drop(started);
         if let Some(e) = embedded {
             e.shutdown(&helper);
         }
-        drop(started);
         outcome
     }
 }
