@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_configs_response::{
-    DescribeConfigsResourceResult, DescribeConfigsResult,
+    DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
 };
 use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse};
 use kafka_protocol::protocol::StrBytes;
@@ -44,6 +44,8 @@ struct Entry {
     source: i8,
     read_only: bool,
     doc: &'static str,
+    /// The value and source a topic's own setting replaced (its broker-level default).
+    replaced: Option<(String, i8)>,
 }
 
 fn entry(
@@ -60,7 +62,46 @@ fn entry(
         source,
         read_only: true,
         doc,
+        replaced: None,
     }
+}
+
+/// Broker configs that give a topic config its default, as Kafka lists them among the
+/// synonyms of a topic's own setting. retention.ms and retention.bytes have one only when a
+/// broker flag sets it: Kafka lists no default synonym for them.
+fn broker_synonym(topic_config: &str, default_source: i8) -> Option<&'static str> {
+    match topic_config {
+        "cleanup.policy" => Some("log.cleanup.policy"),
+        "max.message.bytes" => Some("message.max.bytes"),
+        "segment.bytes" => Some("log.segment.bytes"),
+        "retention.ms" if default_source == SOURCE_STATIC_BROKER => Some("log.retention.ms"),
+        "retention.bytes" if default_source == SOURCE_STATIC_BROKER => Some("log.retention.bytes"),
+        _ => None,
+    }
+}
+
+/// The synonyms of `e` (DescribeConfigs v1+ with `include_synonyms`), in Kafka's order of
+/// precedence: the topic's own setting, then the broker default it overrides.
+fn synonyms(e: &Entry) -> Vec<DescribeConfigsSynonym> {
+    let synonym = |name: &str, value: &str, source: i8| {
+        DescribeConfigsSynonym::default()
+            .with_name(StrBytes::from_string(name.to_string()))
+            .with_value(Some(StrBytes::from_string(value.to_string())))
+            .with_source(source)
+    };
+    let mut out = Vec::new();
+    if e.source == SOURCE_DYNAMIC_TOPIC {
+        out.push(synonym(&e.name, &e.value, SOURCE_DYNAMIC_TOPIC));
+    }
+    let (value, source) = match &e.replaced {
+        Some((value, source)) => (value.as_str(), *source),
+        None if e.source != SOURCE_DYNAMIC_TOPIC => (e.value.as_str(), e.source),
+        None => return out,
+    };
+    if let Some(broker_name) = broker_synonym(&e.name, source) {
+        out.push(synonym(broker_name, value, source));
+    }
+    out
 }
 
 /// Kafka's defaults of the topic configs this broker accepts and reports without acting on
@@ -205,7 +246,8 @@ fn topic_configs(state: &BrokerState, topic: &str) -> Vec<Entry> {
         let config_type = topic_configs::config_type(&name).unwrap_or(TYPE_STRING);
         match entries.iter_mut().find(|e| e.name == name) {
             Some(e) => {
-                e.value = value;
+                let default = std::mem::replace(&mut e.value, value);
+                e.replaced = Some((default, e.source));
                 e.source = SOURCE_DYNAMIC_TOPIC;
                 e.read_only = false;
             }
@@ -216,6 +258,7 @@ fn topic_configs(state: &BrokerState, topic: &str) -> Vec<Entry> {
                 source: SOURCE_DYNAMIC_TOPIC,
                 read_only: false,
                 doc: "Set on the topic; accepted and reported.",
+                replaced: None,
             }),
         }
     }
@@ -408,7 +451,13 @@ pub fn handle(
                             })
                         })
                         .map(|e| {
+                            let synonyms = if ctx.version >= 1 && req.include_synonyms {
+                                synonyms(&e)
+                            } else {
+                                Vec::new()
+                            };
                             DescribeConfigsResourceResult::default()
+                                .with_synonyms(synonyms)
                                 .with_name(StrBytes::from_string(e.name))
                                 .with_value(Some(StrBytes::from_string(e.value)))
                                 .with_read_only(e.read_only)
