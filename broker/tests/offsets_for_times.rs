@@ -205,7 +205,18 @@ fn a_zstd_bomb_gets_an_error_not_the_brokers_memory() -> Result<()> {
     // 64 frames of 64 MiB: 4 GiB once inflated, a few hundred KiB as sent.
     let bomb = zstd_bomb_batch(64, T0)?;
     ensure!(bomb.len() < 1 << 20, "bomb is {} bytes", bomb.len());
+    let before_produce = peak_rss()?;
     let produced = raw.produce(9, topic, 0, bomb)?;
+    // the batch's records are counted within the topic's inflation cap at Produce: the bomb
+    // is refused there (INVALID_RECORD) without inflating it, and nothing is appended
+    if produced.error_code == kafka_protocol::error::ResponseError::InvalidRecord.code() {
+        let grew = peak_rss()?.saturating_sub(before_produce);
+        ensure!(
+            grew < 256 << 20,
+            "refusing the bomb grew the peak RSS by {grew} bytes"
+        );
+        return Ok(());
+    }
     ensure!(
         produced.error_code == 0,
         "produce: code {}",
