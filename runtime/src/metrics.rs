@@ -87,7 +87,8 @@ pub const WAIT_BUCKETS: &[f64] = &[
     0.00001, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0,
 ];
 
-const fn def(
+/// A catalogue entry without buckets (a counter or a gauge).
+pub const fn def(
     name: &'static str,
     kind: MetricKind,
     unit: &'static str,
@@ -101,6 +102,24 @@ const fn def(
         labels,
         help,
         buckets: &[],
+    }
+}
+
+/// A histogram's catalogue entry with its bucket bounds.
+pub const fn hist(
+    name: &'static str,
+    unit: &'static str,
+    labels: &'static str,
+    help: &'static str,
+    buckets: &'static [f64],
+) -> MetricDef {
+    MetricDef {
+        name,
+        kind: MetricKind::Histogram,
+        unit,
+        labels,
+        help,
+        buckets,
     }
 }
 

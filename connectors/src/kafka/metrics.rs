@@ -50,7 +50,7 @@ pub const PERMISSIONS_MISSING: &str = "onceflow_kafka_permissions_missing";
 /// unavailable, a concurrent transaction, a timeout or a dropped connection), label `call`.
 pub const COORDINATOR_RETRIES: &str = "onceflow_kafka_coordinator_retries_total";
 
-use onceflow_runtime::metrics::{MetricDef, MetricKind, DURATION_BUCKETS, WAIT_BUCKETS};
+use onceflow_runtime::metrics::{def, hist, MetricDef, MetricKind, DURATION_BUCKETS, WAIT_BUCKETS};
 
 /// Buckets for transaction sizes in records.
 const RECORD_COUNT_BUCKETS: &[f64] = &[1.0, 10.0, 100.0, 1_000.0, 10_000.0, 100_000.0, 1_000_000.0];
@@ -63,40 +63,6 @@ const BYTES_BUCKETS: &[f64] = &[
     8_388_608.0,
     67_108_864.0,
 ];
-
-const fn def(
-    name: &'static str,
-    kind: MetricKind,
-    unit: &'static str,
-    labels: &'static str,
-    help: &'static str,
-) -> MetricDef {
-    MetricDef {
-        name,
-        kind,
-        unit,
-        labels,
-        help,
-        buckets: &[],
-    }
-}
-
-const fn hist(
-    name: &'static str,
-    unit: &'static str,
-    labels: &'static str,
-    help: &'static str,
-    buckets: &'static [f64],
-) -> MetricDef {
-    MetricDef {
-        name,
-        kind: MetricKind::Histogram,
-        unit,
-        labels,
-        help,
-        buckets,
-    }
-}
 
 use crate::kafka::job::{DATAFLOWS, REBALANCE_PAUSE_SECONDS};
 use crate::kafka::scale::member::{REBALANCES, REVOKE_SECONDS, TASKS_OWNED};

@@ -195,6 +195,24 @@ fn unix_millis() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
+/// The checkpoint listener of a job's dataflow: tells `health`, prints `checkpoint N
+/// complete` (the stdout contract), and hits the `after-checkpoint-complete` failpoint.
+pub(crate) fn checkpoint_listener(
+    health: &std::sync::Arc<Health>,
+) -> impl Fn(onceflow_runtime::CheckpointEvent) + Send + Sync + 'static {
+    use onceflow_runtime::CheckpointEvent;
+    let health = health.clone();
+    move |ev| match ev {
+        CheckpointEvent::Failed(n) => health.checkpoint_failed(n),
+        CheckpointEvent::Completed(n) => {
+            health.checkpoint_completed(n);
+            super::say(format!("checkpoint {n} complete"));
+            super::failpoint::hit("after-checkpoint-complete", n);
+        }
+        CheckpointEvent::Triggered(_) => {}
+    }
+}
+
 /// The default bound of `/readyz`: two checkpoint rounds (interval plus checkpoint timeout
 /// each), so one slow or failed checkpoint does not turn the job unready, a second does.
 pub(crate) fn default_bound(interval: Duration, checkpoint_timeout: Duration) -> Duration {

@@ -49,8 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use onceflow_runtime::{
-    CheckpointEvent, CheckpointId, DataStream, RestoreMode, SourceWatermarks, StreamEnvironment,
-    WatermarkStrategy,
+    CheckpointId, DataStream, RestoreMode, SourceWatermarks, StreamEnvironment, WatermarkStrategy,
 };
 
 pub use args::KafkaJobArgs;
@@ -323,19 +322,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
             .job_config(&self.args.runtime, &self.name)
             .checkpoint_dir(&checkpoint_dir)
             .restore(started.restore)
-            .checkpoint_listener({
-                let health = health.clone();
-                move |ev| {
-                    if let CheckpointEvent::Failed(n) = ev {
-                        health.checkpoint_failed(n);
-                    }
-                    if let CheckpointEvent::Completed(n) = ev {
-                        health.checkpoint_completed(n);
-                        say(format!("checkpoint {n} complete"));
-                        failpoint::hit("after-checkpoint-complete", n);
-                    }
-                }
-            });
+            .checkpoint_listener(health::checkpoint_listener(&health));
         if let Some(seal) = &started.seal {
             config = config.completion_hook(Arc::new(Sealing(seal.clone())));
         }

@@ -22,15 +22,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use onceflow_runtime::{
-    CheckpointEvent, RestoreMode, SourceWatermarks, StopHandle, StreamEnvironment,
-};
+use onceflow_runtime::{RestoreMode, SourceWatermarks, StopHandle, StreamEnvironment};
 
 use super::args::Settings;
 use super::health::Health;
 use super::outputs::{Exchange, KafkaOutputs, Progress};
 use super::watcher::spawn_watcher;
-use super::{failpoint, instance, permissions, say, startup, JobSummary, KafkaJob};
+use super::{instance, permissions, say, startup, JobSummary, KafkaJob};
 use crate::kafka::scale::{
     ensure_changelog_topics, ensure_repartition_topics, read_committed, read_committed_offsets,
     ChangelogCache, ChangelogTopic, InstanceMember, MemberConfig, RebalanceListener, Repartition,
@@ -485,19 +483,7 @@ impl<T: onceflow_runtime::Data> KafkaJob<T> {
                 .job_config(&self.args.runtime, &self.name)
                 .checkpoint_dir(checkpoint_dir)
                 .restore(RestoreMode::None)
-                .checkpoint_listener({
-                    let health = health.clone();
-                    move |ev| {
-                        if let CheckpointEvent::Failed(n) = ev {
-                            health.checkpoint_failed(n);
-                        }
-                        if let CheckpointEvent::Completed(n) = ev {
-                            health.checkpoint_completed(n);
-                            say(format!("checkpoint {n} complete"));
-                            failpoint::hit("after-checkpoint-complete", n);
-                        }
-                    }
-                });
+                .checkpoint_listener(super::health::checkpoint_listener(health));
             let env = StreamEnvironment::new(config);
             let stop = env.stop_handle();
             let progress = Arc::new(Progress::with_health(health.clone()));
